@@ -1,0 +1,135 @@
+// The fused MoE call: what every experts kernel (the float64 reference, the CPU kernels, the CUDA
+// kernels) computes, described once. A kernel receives FusedMoeArgs and writes `out`.
+//
+//   route (or take topk ids/weights) -> quantise x -> GEMM1 (w13) -> activation -> quantise ->
+//   GEMM2 (w2)
+//   -> multiply by the router weight -> sum over the top-k slots
+//
+// Layouts (vLLM's canonical layout, before any backend-specific conversion):
+//   x              (M, H)              bf16 or f32
+//   router_logits  (M, E_global)       f32 or bf16
+//   topk_ids       (M, topk)           i32   global expert ids; -1 = padded slot (contributes
+//   nothing) topk_weights   (M, topk)           f32 w13            (E_local, 2I, H)    fp8   rows
+//   [0, I) gate, [I, 2I) up; (E_local, I, H) when not gated w2             (E_local, H, I)     fp8
+//   w13_scale      block:  (E_local, ceil(2I/bn), ceil(H/bk)) f32   (bn must divide I when gated)
+//                  tensor: (E_local) or (E_local, 2) f32 (one per shard) ; channel: (E_local, 2I)
+//                  f32 mx:     (E_local, 2I, H/32) u8/e8m0
+//   w2_scale       block:  (E_local, ceil(H/bn), ceil(I/bk)) ; tensor: (E_local) ; channel:
+//   (E_local, H)
+//                  mx:     (E_local, H, I/32)
+//   w13_bias       (E_local, 2I) f32/bf16, optional ; w2_bias (E_local, H), optional
+//   a13_scale      static per-tensor input scale of GEMM1: (1) f32 ; a2_scale likewise for GEMM2
+//   expert_map     (E_global) i32: global -> local index, -1 for experts on other ranks; absent =
+//   identity out            (M, H)              bf16 or f32 (same dtype as x)
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <optional>
+#include <string>
+
+#include "fp8moe/config.hpp"
+#include "fp8moe/quant_config.hpp"
+#include "fp8moe/tensor.hpp"
+
+namespace fp8moe {
+
+// How the weight scales are laid out.
+enum class WeightScaleKind : uint8_t {
+  kBlock,       // [bn, bk] blocks (128x128, or refined 64x64 / 32x32)
+  kPerTensor,   // one scale per expert (per shard for w13)
+  kPerChannel,  // one scale per output row
+  kMx,          // MXFP8: e8m0 per 1x32 group along K
+};
+
+// How the activations entering each GEMM are quantised.
+enum class ActQuantKind : uint8_t {
+  kNone,              // W8A16: activations stay bf16/f32, weights are dequantised
+  kPerTensorStatic,   // a13_scale / a2_scale from the checkpoint
+  kPerTensorDynamic,  // s = max|x| / fp8_max over the whole tensor
+  kPerTokenDynamic,   // s_r = max(max_c |x_rc| / fp8_max, 1/(fp8_max*512))
+  kPerGroupDynamic,   // 1 x group_k groups (per_token_group_quant_fp8), optional UE8M0 scales
+  kMxfp8,             // 1 x 32 groups with e8m0 scales
+};
+
+struct MoeScheme {
+  WeightScaleKind weight = WeightScaleKind::kBlock;
+  int64_t block_n = 128;  // kBlock only
+  int64_t block_k = 128;  // kBlock only
+  ActQuantKind act = ActQuantKind::kPerGroupDynamic;
+  int64_t group_k = 128;         // kPerGroupDynamic only
+  bool ue8m0_scales = false;     // power-of-two (rounded up) activation scales
+  bool fuse_silu_quant = false;  // snapshot Triton fast path: SiLU*up kept in f32, no bf16 rounding
+  DType fp8 = DType::kF8E4M3FN;  // kF8E4M3FNUZ on MI300-style platforms
+
+  // Derives the scheme from a quant config (weight shape, activation dtype/shape). Throws
+  // ValueError for combinations no kernel computes.
+  static MoeScheme from_quant_config(const MoeQuantConfig& qc);
+  std::string str() const;  // "w:block128x128 a:group128" ...
+};
+
+// Routing parameters for every RoutingMethodType (numerics.md §1).
+struct RoutingConfig {
+  RoutingMethodType method = RoutingMethodType::kRenormalize;
+  int topk = 1;
+  bool renormalize = true;
+  std::string scoring_func = "softmax";  // "softmax" | "sigmoid"
+  int num_expert_group = 0;              // > 0: grouped top-k
+  int topk_group = 0;
+  double routed_scaling_factor = 1.0;
+  TensorView e_score_correction_bias{};  // (E) f32, optional
+};
+
+// vLLM ApplyMoEActivationConfig: activation plus its parameters (clamp L, alpha, beta, SITU betas).
+struct ActivationConfig {
+  MoeActivation activation = MoeActivation::kSilu;
+  std::optional<double> clamp_limit{};
+  double alpha = 1.0;
+  double beta = 0.0;
+  std::optional<double> situ_beta{};
+  std::optional<double> situ_linear_beta{};
+};
+
+struct ExpertWeights {
+  TensorView w13, w2;
+  TensorView w13_scale, w2_scale;
+  TensorView w13_bias, w2_bias;
+  TensorView a13_scale, a2_scale;
+};
+
+struct FusedMoeArgs {
+  TensorView x;
+  TensorView router_logits;  // used when topk_ids is absent
+  TensorView topk_ids;       // precomputed routing (optional)
+  TensorView topk_weights;
+  RoutingConfig routing{};
+  ExpertWeights weights{};
+  MoeScheme scheme{};
+  ActivationConfig act{};
+  TensorView expert_map{};
+  bool apply_router_weight_on_input = false;  // topk must be 1: x *= w before quantisation
+  TensorView out;
+  void* stream = nullptr;  // cudaStream_t for CUDA kernels; ignored on the CPU
+
+  int64_t num_tokens() const { return x.defined() ? x.size(0) : 0; }
+  int64_t hidden() const { return x.size(1); }
+  int64_t num_local_experts() const { return weights.w13.size(0); }
+  bool gated() const { return activation_is_gated(act.activation); }
+  int64_t intermediate() const { return weights.w2.size(2); }
+};
+
+// Checks every tensor of `args` against the layouts above (dtypes, shapes, scale grids, devices)
+// and throws ValueError naming the tensor, its shape and the expected shape. Kernels call it first.
+void validate_fused_moe_args(const FusedMoeArgs& args);
+
+// One implementation of the fused MoE call. Experts descriptors (experts.hpp) point at these.
+struct ExpertsImpl {
+  const char* name = "";  // "ref", "cpu_w8a16", "cpu_w8a8", "cuda_fused", ...
+  DeviceKind device = DeviceKind::kCpu;
+  // Bytes of scratch memory run() needs for this problem (on `device`).
+  std::size_t (*workspace_size)(const FusedMoeArgs& args) = nullptr;
+  // Computes args.out. `workspace` holds at least workspace_size(args) bytes.
+  void (*run)(const FusedMoeArgs& args, void* workspace) = nullptr;
+};
+
+}  // namespace fp8moe

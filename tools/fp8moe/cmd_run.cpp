@@ -1,0 +1,6 @@
+// fp8moe run subcommands (placeholder until the room that owns them fills it in).
+#include "cli_common.hpp"
+
+namespace fp8moe::cli {
+void add_run_commands(CLI::App& app) { (void)app; }
+}  // namespace fp8moe::cli
