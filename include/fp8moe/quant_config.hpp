@@ -50,7 +50,10 @@ struct MoeQuantConfig {
   bool per_out_ch_quant() const { return w1.shape && w1.shape->is_per_token(); }
   bool is_per_tensor() const { return a1.shape && a1.shape->is_per_tensor(); }
   // Derived from the activation descriptor: None for per-tensor/per-token and for W8A16.
-  std::optional<std::vector<int64_t>> block_shape() const;
+  std::optional<std::vector<int64_t>> block_shape() const {
+    if (!a1.shape || a1.shape->is_per_tensor() || a1.shape->is_per_token()) return std::nullopt;
+    return std::vector<int64_t>{a1.shape->row, a1.shape->col};
+  }
   const Tensor& a1_scale() const { return a1.scale; }
   const Tensor& a2_scale() const { return a2.scale; }
   const Tensor& w1_scale() const { return w1.scale; }
