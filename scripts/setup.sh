@@ -36,6 +36,7 @@ fi
 
 # Pinned PyPI packages. numpy/ml_dtypes/safetensors: independent fp8 codec and real checkpoint writer for
 # tests. nvidia-cutlass: CUTLASS/CuTe headers for the CUDA kernels (headers only, so --no-deps).
+export PIP_ROOT_USER_ACTION=ignore
 PY_DIR=.deps/python
 PY_PINS="numpy==2.2.6 ml_dtypes==0.5.1 safetensors==0.5.3"
 CUTLASS_PIN="nvidia-cutlass==4.2.0.0"
