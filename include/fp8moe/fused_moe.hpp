@@ -27,6 +27,7 @@
 #include <cstdint>
 #include <optional>
 #include <string>
+#include <utility>
 
 #include "fp8moe/config.hpp"
 #include "fp8moe/quant_config.hpp"
@@ -122,10 +123,31 @@ struct FusedMoeArgs {
 // and throws ValueError naming the tensor, its shape and the expected shape. Kernels call it first.
 void validate_fused_moe_args(const FusedMoeArgs& args);
 
-// One implementation of the fused MoE call. Experts descriptors (experts.hpp) point at these.
+// A support verdict: ok, or not with vLLM's reason text. Support queries never throw.
+struct Support {
+  bool ok = true;
+  std::string reason{};
+  static Support yes() { return {}; }
+  static Support no(std::string why) { return {false, std::move(why)}; }
+  explicit operator bool() const { return ok; }
+};
+
+// One implementation of the fused MoE call. Experts descriptors (experts.hpp) point at these by
+// name:
+//   "ref" (float64 reference), "cpu_w8a16" (backend CPU), "cpu_w8a8" (backend CPU_W8A8),
+//   "cuda_fused" (TRITON), "cuda_fused_batched" (BATCHED_TRITON), "cuda_grouped" (DEEPGEMM),
+//   "cuda_grouped_masked" (BATCHED_DEEPGEMM).
 struct ExpertsImpl {
   const char* name = "";  // "ref", "cpu_w8a16", "cpu_w8a8", "cuda_fused", ...
   DeviceKind device = DeviceKind::kCpu;
+  // What this implementation can honour beyond the vLLM contract (activation, clamp/alpha/beta,
+  // bias, schemes, sizes). Checked at selection on a detected platform so that a kernel that cannot
+  // honour a requested feature is rejected there, never silently wrong. nullptr: everything the
+  // contract allows.
+  Support (*supports_config)(const MoeConfig& config, const std::optional<QuantKey>& weight_key,
+                             const std::optional<QuantKey>& activation_key) = nullptr;
+  // Whether it can run on this machine now (CPU features, a GPU of the compiled arch).
+  bool (*available)() = nullptr;
   // Bytes of scratch memory run() needs for this problem (on `device`).
   std::size_t (*workspace_size)(const FusedMoeArgs& args) = nullptr;
   // Computes args.out. `workspace` holds at least workspace_size(args) bytes.
