@@ -266,6 +266,26 @@ inline float bf16_round(float f) { return bf16_to_float(float_to_bf16(f)); }
 // bf16 and the reference holds the value in double: the two-step rounding is what the kernel does.
 inline float bf16_round(double d) { return bf16_round(static_cast<float>(d)); }
 
+// ---- float16 (decode only; inputs may arrive as f16)
+// -------------------------------------------------
+inline float f16_to_float(uint16_t h) {
+  const uint32_t sign = static_cast<uint32_t>(h & 0x8000u) << 16;
+  const uint32_t e = (h >> 10) & 0x1Fu;
+  uint32_t m = h & 0x3FFu;
+  if (e == 0x1F) return std::bit_cast<float>(sign | 0x7F800000u | (m << 13));
+  if (e == 0) {
+    if (m == 0) return std::bit_cast<float>(sign);
+    int exp = -14;
+    while ((m & 0x400u) == 0) {
+      m <<= 1;
+      --exp;
+    }
+    m &= 0x3FFu;
+    return std::bit_cast<float>(sign | (static_cast<uint32_t>(exp + 127) << 23) | (m << 13));
+  }
+  return std::bit_cast<float>(sign | ((e - 15 + 127) << 23) | (m << 13));
+}
+
 // ---- generic dispatch over fp8 dtypes
 // --------------------------------------------------------------- The format's largest finite value
 // (448, 240, 57344).
