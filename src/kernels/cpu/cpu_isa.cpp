@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 #include <hwy/targets.h>
 
+#include <algorithm>
 #include <atomic>
 
 #include "fp8moe/error.hpp"
@@ -102,9 +103,13 @@ const KernelTable& kernel_table(Isa isa) {
   return *t;
 }
 
-std::size_t gemm_scratch_bytes() {
-  // The AVX-512 BF16 panel: 64 weight rows x one K-block of bf16. The portable levels need none.
-  return static_cast<std::size_t>(64 * kMaxKBlock * 2);
+std::size_t gemm_scratch_bytes(int64_t K) {
+  // AVX-512 BF16: the decoded panel (64 weight rows x one K-block of bf16), or the permuted
+  // activation rows of the streaming path (4 rows x K rounded up to 64, bf16). The portable
+  // levels need none.
+  const int64_t panel = 64 * kMaxKBlock * 2;
+  const int64_t rows = 4 * ((K + 63) / 64 * 64) * 2;
+  return static_cast<std::size_t>(std::max(panel, rows));
 }
 
 }  // namespace fp8moe::cpu

@@ -63,30 +63,32 @@ struct GemmTile {
   int R = 0;
   const float* a_scale = nullptr;  // (rows of A, a_scale_ld): sa[a_rows[r] * a_scale_ld + kb]
   int64_t a_scale_ld = 0;
-  // W: one expert's e4m3fn weights, (N, K) row-major; tile row i is w + w_rows[i] * K.
+  // W: one expert's e4m3fn weights, (N, K) row-major. The NT tile rows come in groups of 16
+  // consecutive weight rows: tile row i is weight row w_groups[i / 16] + i % 16.
   const uint8_t* w = nullptr;
   int64_t K = 0;
-  const int32_t* w_rows = nullptr;
+  const int32_t* w_groups = nullptr;
   int NT = 0;
-  const float* w_scale = nullptr;  // block scales: sw = w_scale[(w_rows[i] / bn) * w_scale_ld + kb]
+  // Block scales: sw = w_scale[(row / bn) * w_scale_ld + kb] for weight row `row`.
+  const float* w_scale = nullptr;
   int64_t bn = 1;
   int64_t w_scale_ld = 0;
   int64_t kblock = 0;  // K-block length of the scales (a multiple of 32)
   // C: (R, NT) f32, overwritten.
   float* c = nullptr;
   int64_t ldc = 0;
-  // Per-thread scratch of at least gemm_scratch_bytes(kblock) bytes, 64-byte aligned.
+  // Per-thread scratch of at least gemm_scratch_bytes(K) bytes, 64-byte aligned.
   void* scratch = nullptr;
 };
 
 // Shape limits every level honours (checked by the driver before it calls a kernel).
 inline constexpr int64_t kKAlign = 32;         // K (H and I) must be a multiple of this
-inline constexpr int64_t kNAlign = 16;         // NT must be a multiple of this
+inline constexpr int64_t kNAlign = 16;         // NT and the weight-row groups: 16 rows
 inline constexpr int64_t kMaxKBlock = 512;     // scale K-blocks up to this length
 inline constexpr int64_t kChunkNoScale = 128;  // K chunk when no per-K-block scale applies
 
-// Scratch bytes a GEMM tile needs per thread (any level).
-std::size_t gemm_scratch_bytes();
+// Scratch bytes a GEMM tile with reduction length up to K needs per thread (any level).
+std::size_t gemm_scratch_bytes(int64_t K);
 
 using GemmTileFn = void (*)(const GemmTile& t);
 

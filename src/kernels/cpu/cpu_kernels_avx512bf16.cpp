@@ -14,7 +14,7 @@
 //   inline  (R <= 4 activation rows): decode straight from the weight rows; each weight is decoded
 //           once, the decode-bound regime of token generation.
 //   panel   (R > 4): decode a (64 rows x K-block) panel once into per-thread scratch (L1), then run
-//           4-row microkernels over all R rows against it.
+//           6-row microkernels over all R rows against it.
 #include <immintrin.h>
 
 #include <bit>
@@ -43,8 +43,10 @@
 namespace fp8moe::cpu {
 namespace {
 
-constexpr int kPanelRows = 64;  // weight rows per decoded panel
-constexpr int kMr = 4;          // activation rows per microkernel
+constexpr int kPanelRows = 64;               // weight rows per decoded panel
+constexpr int kPanelMr = 6;                  // activation rows per panel microkernel
+constexpr int kInlineMaxRows = 4;            // up to this many activation rows: decode inline
+constexpr int64_t kPrefetchDistance = 2048;  // bytes ahead on each streamed weight row
 
 // bf16 bits of the 128 e4m3fn magnitudes (0x00..0x7F), split into low and high bytes. Built from
 // the shared scalar codec; every value is exact in bf16 (4 significant bits), 0x7F is NaN.
@@ -114,58 +116,38 @@ FP8MOE_BF16_TARGET inline __m512 dp(__m512 acc, __m512i a, __m512i b) {
   return _mm512_dpbf16_ps(acc, reinterpret_cast<__m512bh>(a), reinterpret_cast<__m512bh>(b));
 }
 
-// Microkernel: MR activation rows x one 16-row weight group over kl k (a multiple of 16).
-// kPanel: quads come from a decoded panel (8 zmm per 16 k); else decoded from the rows `w`
-// (16 row pointers already offset to the block start). out[m]: the 16 row sums of row m.
-template <int MR, bool kPanel>
-FP8MOE_BF16_TARGET inline void microkernel(const uint16_t* const* a, const uint8_t* const* w,
-                                           const __m512i* panel, int64_t kl, const Luts& L,
-                                           __m512* out) {
-  // Two accumulator sets (k..k+7 and k+8..k+15) halve the dependency chains.
-  __m512 acc0[MR][4], acc1[MR][4];
+// Panel microkernel: MR (<= 6) activation rows x one decoded 16-row group (8 zmm per 16 k).
+template <int MR>
+FP8MOE_BF16_TARGET inline void microkernel_panel(const uint16_t* const* a, const __m512i* panel,
+                                                 int64_t kl, __m512* out) {
+  __m512 acc[MR][4];
   for (int m = 0; m < MR; ++m) {
-    for (int q = 0; q < 4; ++q) {
-      acc0[m][q] = _mm512_setzero_ps();
-      acc1[m][q] = _mm512_setzero_ps();
-    }
+    for (int q = 0; q < 4; ++q) acc[m][q] = _mm512_setzero_ps();
   }
   for (int64_t k = 0; k < kl; k += 16) {
-    __m512i x0[4], x1[4];
-    if constexpr (kPanel) {
-      const __m512i* p = panel + (k / 16) * 8;
-      for (int q = 0; q < 4; ++q) {
-        x0[q] = _mm512_load_si512(p + 2 * q);
-        x1[q] = _mm512_load_si512(p + 2 * q + 1);
-      }
-    } else {
-      for (int q = 0; q < 4; ++q) {
-        decode_quad(w[q] + k, w[q + 4] + k, w[q + 8] + k, w[q + 12] + k, L, x0[q], x1[q]);
-      }
-    }
-    for (int m = 0; m < MR; ++m) {
-      const __m512i a0 = bcst_a(a[m] + k);
-      const __m512i a1 = bcst_a(a[m] + k + 8);
-      for (int q = 0; q < 4; ++q) {
-        acc0[m][q] = dp(acc0[m][q], a0, x0[q]);
-        acc1[m][q] = dp(acc1[m][q], a1, x1[q]);
+    const __m512i* p = panel + (k / 16) * 8;
+    for (int h = 0; h < 2; ++h) {
+      __m512i b[4];
+      for (int q = 0; q < 4; ++q) b[q] = _mm512_load_si512(p + 2 * q + h);
+      for (int m = 0; m < MR; ++m) {
+        const __m512i av = bcst_a(a[m] + k + 8 * h);
+        for (int q = 0; q < 4; ++q) acc[m][q] = dp(acc[m][q], av, b[q]);
       }
     }
   }
-  for (int m = 0; m < MR; ++m) {
-    out[m] =
-        reduce_quads(_mm512_add_ps(acc0[m][0], acc1[m][0]), _mm512_add_ps(acc0[m][1], acc1[m][1]),
-                     _mm512_add_ps(acc0[m][2], acc1[m][2]), _mm512_add_ps(acc0[m][3], acc1[m][3]));
-  }
+  for (int m = 0; m < MR; ++m) out[m] = reduce_quads(acc[m][0], acc[m][1], acc[m][2], acc[m][3]);
 }
 
-// Decodes rows w[0..16) (offset to the block start), kl k, into panel quads (8 zmm per 16 k).
-FP8MOE_BF16_TARGET void build_panel_group(const uint8_t* const* w, int64_t kl, const Luts& L,
+// Decodes 16 rows (row 0 at `w`, K bytes apart), kl k, into panel quads (8 zmm per 16 k).
+FP8MOE_BF16_TARGET void build_panel_group(const uint8_t* w, int64_t K, int64_t kl, const Luts& L,
                                           __m512i* panel) {
+  const int64_t K4 = 4 * K;
   for (int64_t k = 0; k < kl; k += 16) {
     __m512i* p = panel + (k / 16) * 8;
     for (int q = 0; q < 4; ++q) {
+      const uint8_t* r = w + q * K + k;
       __m512i x0, x1;
-      decode_quad(w[q] + k, w[q + 4] + k, w[q + 8] + k, w[q + 12] + k, L, x0, x1);
+      decode_quad(r, r + K4, r + 2 * K4, r + 3 * K4, L, x0, x1);
       _mm512_store_si512(p + 2 * q, x0);
       _mm512_store_si512(p + 2 * q + 1, x1);
     }
@@ -173,7 +155,7 @@ FP8MOE_BF16_TARGET void build_panel_group(const uint8_t* const* w, int64_t kl, c
 }
 
 // Folds one K-block's row sums into C: c = (first ? 0 : c) + sums * scale. `sw` holds the 16
-// weight scales of the group (nullptr: 1), `sa` the activation scale of the row (0: none).
+// weight scales of the group (nullptr: 1), `sa` the activation scale of the row (nullptr: 1).
 FP8MOE_BF16_TARGET inline void fold(float* c, __m512 sums, const float* sw, const float* sa,
                                     bool first) {
   __m512 v = sums;
@@ -194,51 +176,207 @@ FP8MOE_BF16_TARGET inline void fold(float* c, __m512 sums, const float* sw, cons
 struct TileCtx {
   const GemmTile& t;
   const uint16_t* a;
-  int64_t kchunk;
-  int64_t nkb;
   bool scaled;  // per-K-block scales apply
 };
 
-// Weight scales of tile rows [n0, n0 + n) for K-block kb.
-inline void load_w_scales(const GemmTile& t, int n0, int n, int64_t kb, float* out) {
-  for (int i = 0; i < n; ++i) {
-    out[i] = t.w_scale[(t.w_rows[n0 + i] / t.bn) * t.w_scale_ld + kb];
-  }
+// Weight scales of the 16 rows of group g for K-block kb.
+inline void load_group_scales(const GemmTile& t, int g, int64_t kb, float* out) {
+  const int64_t row0 = t.w_groups[g];
+  for (int i = 0; i < 16; ++i) out[i] = t.w_scale[((row0 + i) / t.bn) * t.w_scale_ld + kb];
 }
 
+// MR activation rows [m0, m0 + MR) against weight group g over K-block kb; folds into C.
+// kPanel: `src` is the group's decoded panel; else `src` is row 0 of the group at the block start.
 template <int MR, bool kPanel>
-FP8MOE_BF16_TARGET void run_rows(const TileCtx& x, int m0, const uint8_t* const* w,
-                                 const __m512i* panel, int64_t k0, int64_t kl, int64_t kb, int col,
-                                 const float* sw, const Luts& L) {
+FP8MOE_BF16_TARGET __attribute__((noinline)) void run_rows(const TileCtx& x, int m0, int g,
+                                                           const void* src, int64_t k0, int64_t kl,
+                                                           int64_t kb, const float* sw,
+                                                           const Luts& L) {
   const GemmTile& t = x.t;
   const uint16_t* arow[MR];
   float sa[MR];
   for (int m = 0; m < MR; ++m) {
     const int64_t r = t.a_rows[m0 + m];
     arow[m] = x.a + r * t.lda + k0;
-    if (t.a_scale) sa[m] = t.a_scale[r * t.a_scale_ld + kb];
+    sa[m] = (x.scaled && t.a_scale) ? t.a_scale[r * t.a_scale_ld + kb] : 1.0f;
   }
   __m512 out[MR];
-  microkernel<MR, kPanel>(arow, w, panel, kl, L, out);
+  if constexpr (kPanel) {
+    microkernel_panel<MR>(arow, static_cast<const __m512i*>(src), kl, out);
+  } else {
+    microkernel_inline<MR, (MR <= 2)>(arow, static_cast<const uint8_t*>(src), t.K, kl, L, out);
+  }
+  const float* swp = (x.scaled && t.w_scale) ? sw : nullptr;
   for (int m = 0; m < MR; ++m) {
-    fold(t.c + (m0 + m) * t.ldc + col, out[m], x.scaled ? sw : nullptr,
-         (x.scaled && t.a_scale) ? &sa[m] : nullptr, kb == 0);
+    fold(t.c + (m0 + m) * t.ldc + g * 16, out[m], swp, (x.scaled && t.a_scale) ? &sa[m] : nullptr,
+         kb == 0);
   }
 }
 
 template <bool kPanel>
-FP8MOE_BF16_TARGET void run_rows_any(const TileCtx& x, int m0, int mr, const uint8_t* const* w,
-                                     const __m512i* panel, int64_t k0, int64_t kl, int64_t kb,
-                                     int col, const float* sw, const Luts& L) {
+FP8MOE_BF16_TARGET void run_rows_any(const TileCtx& x, int m0, int mr, int g, const void* src,
+                                     int64_t k0, int64_t kl, int64_t kb, const float* sw,
+                                     const Luts& L) {
   switch (mr) {
     case 1:
-      return run_rows<1, kPanel>(x, m0, w, panel, k0, kl, kb, col, sw, L);
+      return run_rows<1, kPanel>(x, m0, g, src, k0, kl, kb, sw, L);
     case 2:
-      return run_rows<2, kPanel>(x, m0, w, panel, k0, kl, kb, col, sw, L);
+      return run_rows<2, kPanel>(x, m0, g, src, k0, kl, kb, sw, L);
     case 3:
-      return run_rows<3, kPanel>(x, m0, w, panel, k0, kl, kb, col, sw, L);
+      return run_rows<3, kPanel>(x, m0, g, src, k0, kl, kb, sw, L);
+    case 4:
+      return run_rows<4, kPanel>(x, m0, g, src, k0, kl, kb, sw, L);
+    case 5:
+      if constexpr (kPanel) return run_rows<5, kPanel>(x, m0, g, src, k0, kl, kb, sw, L);
+      break;
     default:
-      return run_rows<4, kPanel>(x, m0, w, panel, k0, kl, kb, col, sw, L);
+      if constexpr (kPanel) return run_rows<6, kPanel>(x, m0, g, src, k0, kl, kb, sw, L);
+      break;
+  }
+}
+
+// ---- streaming path (R <= kInlineMaxRows) ----------------------------------------------------
+// K in lanes: a zmm holds 64 consecutive codes of one weight row, decoded into x0 (k 16l+0..7 of
+// each 128-bit block l) and x1 (k 16l+8..15). No inserts or transposes, so the decode costs five
+// byte-shuffle-class instructions per 64 weights, the bound of this regime. The activation rows
+// are permuted once per tile into the same order (scratch), so the products use plain loads.
+// Each (activation row, weight row) pair accumulates 16 lanes; a K-block's sum is folded into a
+// running total with its scale, and the 16 lanes are reduced once at the end.
+
+// Permutes one activation row (K bf16, K % 32 == 0) into x0/x1 order per 64 k: for each 64-k
+// chunk, out = [k 0-7, 16-23, 32-39, 48-55 | k 8-15, 24-31, 40-47, 56-63]; a 32-k tail becomes
+// [k 0-7, 16-23, 0.., | k 8-15, 24-31, 0..] (64 values, zero-padded).
+FP8MOE_BF16_TARGET void permute_a_row(const uint16_t* a, int64_t K, uint16_t* out) {
+  int64_t k = 0;
+  for (; k + 64 <= K; k += 64) {
+    const __m512i lo = _mm512_loadu_si512(a + k);
+    const __m512i hi = _mm512_loadu_si512(a + k + 32);
+    _mm512_store_si512(out + k, _mm512_shuffle_i32x4(lo, hi, 0x88));
+    _mm512_store_si512(out + k + 32, _mm512_shuffle_i32x4(lo, hi, 0xDD));
+  }
+  if (k < K) {                                     // 32-k tail
+    const __m512i lo = _mm512_loadu_si512(a + k);  // 32 bf16
+    const __m512i z = _mm512_setzero_si512();
+    _mm512_store_si512(out + k, _mm512_shuffle_i32x4(lo, z, 0x88));
+    _mm512_store_si512(out + k + 32, _mm512_shuffle_i32x4(lo, z, 0xDD));
+  }
+}
+
+// Padded length of a permuted row: K rounded up to 64.
+inline int64_t permuted_len(int64_t K) { return (K + 63) / 64 * 64; }
+
+// MR activation rows (permuted, `ap[m]`) x RG consecutive weight rows starting at `w` (K bytes
+// apart) over all of K; writes the MR x RG sums to c[m * ldc + i].
+template <int MR, int RG>
+FP8MOE_BF16_TARGET __attribute__((noinline)) void stream_rows(
+    const GemmTile& t, const uint16_t* const* ap, const float* const* sa, const uint8_t* w,
+    int64_t row0, int64_t kchunk, bool scaled, const Luts& L, float* c) {
+  __m512 tot[MR][RG];
+  for (int m = 0; m < MR; ++m) {
+    for (int i = 0; i < RG; ++i) tot[m][i] = _mm512_setzero_ps();
+  }
+  const float* sw[RG];  // each row's block-scale row (no division in the K loop)
+  for (int i = 0; i < RG; ++i) {
+    sw[i] = t.w_scale ? t.w_scale + ((row0 + i) / t.bn) * t.w_scale_ld : nullptr;
+  }
+  const int64_t nkb = (t.K + kchunk - 1) / kchunk;
+  for (int64_t kb = 0; kb < nkb; ++kb) {
+    const int64_t k0 = kb * kchunk;
+    const int64_t k1 = std::min(t.K, k0 + kchunk);
+    __m512 acc[MR][RG];
+    for (int m = 0; m < MR; ++m) {
+      for (int i = 0; i < RG; ++i) acc[m][i] = _mm512_setzero_ps();
+    }
+    for (int64_t k = k0; k < k1;) {
+      if (k % 64 == 0 && k1 - k >= 64) {
+        // A full 64-k chunk.
+        const uint16_t* a = nullptr;
+        for (int i = 0; i < RG; ++i) {
+          __m512i x0, x1;
+          _mm_prefetch(reinterpret_cast<const char*>(w + i * t.K + k + kPrefetchDistance),
+                       _MM_HINT_T0);
+          decode64(_mm512_loadu_si512(w + i * t.K + k), L, x0, x1);
+          for (int m = 0; m < MR; ++m) {
+            a = ap[m] + k;
+            acc[m][i] = dp(acc[m][i], _mm512_load_si512(a), x0);
+            acc[m][i] = dp(acc[m][i], _mm512_load_si512(a + 32), x1);
+          }
+        }
+        k += 64;
+      } else {
+        // A 32-k half chunk (K % 64 == 32, or 32-long K-blocks): the upper codes are zero and the
+        // activations' matching half is moved to blocks 0-1 with zeros above.
+        constexpr int imm_first = 0x04, imm_second = 0x0E;
+        const bool second = k % 64 != 0;
+        for (int i = 0; i < RG; ++i) {
+          const __m512i v = _mm512_zextsi256_si512(
+              _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w + i * t.K + k)));
+          __m512i x0, x1;
+          decode64(v, L, x0, x1);
+          for (int m = 0; m < MR; ++m) {
+            const uint16_t* a = ap[m] + (k / 64) * 64;
+            const __m512i z = _mm512_setzero_si512();
+            const __m512i l0 = _mm512_load_si512(a), l1 = _mm512_load_si512(a + 32);
+            const __m512i a0 = second ? _mm512_shuffle_i32x4(l0, z, imm_second)
+                                      : _mm512_shuffle_i32x4(l0, z, imm_first);
+            const __m512i a1 = second ? _mm512_shuffle_i32x4(l1, z, imm_second)
+                                      : _mm512_shuffle_i32x4(l1, z, imm_first);
+            acc[m][i] = dp(acc[m][i], a0, x0);
+            acc[m][i] = dp(acc[m][i], a1, x1);
+          }
+        }
+        k += 32;
+      }
+    }
+    for (int m = 0; m < MR; ++m) {
+      for (int i = 0; i < RG; ++i) {
+        if (!scaled) {
+          tot[m][i] = _mm512_add_ps(tot[m][i], acc[m][i]);
+          continue;
+        }
+        float s = t.a_scale ? sa[m][kb] : 1.0f;
+        if (t.w_scale) s *= sw[i][kb];
+        tot[m][i] = _mm512_fmadd_ps(acc[m][i], _mm512_set1_ps(s), tot[m][i]);
+      }
+    }
+  }
+  for (int m = 0; m < MR; ++m) {
+    for (int i = 0; i < RG; ++i) c[m * t.ldc + i] = _mm512_reduce_add_ps(tot[m][i]);
+  }
+}
+
+template <int MR, int RG>
+FP8MOE_BF16_TARGET void stream_groups(const GemmTile& t, const uint16_t* const* ap,
+                                      const float* const* sa, int64_t kchunk, bool scaled,
+                                      const Luts& L) {
+  for (int g = 0; g < t.NT / 16; ++g) {
+    for (int i0 = 0; i0 < 16; i0 += RG) {
+      const int64_t row0 = t.w_groups[g] + i0;
+      stream_rows<MR, RG>(t, ap, sa, t.w + row0 * t.K, row0, kchunk, scaled, L, t.c + g * 16 + i0);
+    }
+  }
+}
+
+FP8MOE_BF16_TARGET void stream_tile(const GemmTile& t, bool scaled, int64_t kchunk, const Luts& L) {
+  const int64_t plen = permuted_len(t.K);
+  uint16_t* buf = static_cast<uint16_t*>(t.scratch);
+  const uint16_t* ap[kInlineMaxRows];
+  const float* sa[kInlineMaxRows];
+  for (int m = 0; m < t.R; ++m) {
+    const int64_t r = t.a_rows[m];
+    permute_a_row(static_cast<const uint16_t*>(t.a) + r * t.lda, t.K, buf + m * plen);
+    ap[m] = buf + m * plen;
+    sa[m] = t.a_scale ? t.a_scale + r * t.a_scale_ld : nullptr;
+  }
+  switch (t.R) {
+    case 1:
+      return stream_groups<1, 8>(t, ap, sa, kchunk, scaled, L);
+    case 2:
+      return stream_groups<2, 4>(t, ap, sa, kchunk, scaled, L);
+    case 3:
+      return stream_groups<3, 2>(t, ap, sa, kchunk, scaled, L);
+    default:
+      return stream_groups<4, 2>(t, ap, sa, kchunk, scaled, L);
   }
 }
 
@@ -247,46 +385,31 @@ FP8MOE_BF16_TARGET void gemm_a_bf16(const GemmTile& t) {
   const bool scaled = t.w_scale != nullptr || t.a_scale != nullptr;
   const int64_t kchunk = scaled ? t.kblock : kChunkNoScale;
   const int64_t nkb = (t.K + kchunk - 1) / kchunk;
-  const TileCtx x{t, static_cast<const uint16_t*>(t.a), kchunk, nkb, scaled};
+  const TileCtx x{t, static_cast<const uint16_t*>(t.a), scaled};
+  const int ngroups = t.NT / 16;
   alignas(64) float sw[kPanelRows];
-  const uint8_t* wrow[kPanelRows];
 
-  if (t.R <= kMr) {
-    // Inline decode: 16 weight rows at a time, streaming through K.
-    for (int n0 = 0; n0 < t.NT; n0 += 16) {
-      for (int i = 0; i < 16; ++i) wrow[i] = t.w + t.w_rows[n0 + i] * t.K;
-      for (int64_t kb = 0; kb < nkb; ++kb) {
-        const int64_t k0 = kb * kchunk;
-        const int64_t kl = std::min(kchunk, t.K - k0);
-        if (t.w_scale && scaled) load_w_scales(t, n0, 16, kb, sw);
-        const uint8_t* w[16];
-        for (int i = 0; i < 16; ++i) w[i] = wrow[i] + k0;
-        run_rows_any<false>(x, 0, t.R, w, nullptr, k0, kl, kb, n0, t.w_scale ? sw : nullptr, L);
-      }
-    }
+  if (t.R <= kInlineMaxRows) {
+    stream_tile(t, scaled, kchunk, L);
     return;
   }
 
   // Panel: decode 64 rows x one K-block once, reuse it for every activation row.
   __m512i* panel = static_cast<__m512i*>(t.scratch);
-  for (int n0 = 0; n0 < t.NT; n0 += kPanelRows) {
-    const int nsub = std::min(kPanelRows, t.NT - n0);
-    for (int i = 0; i < nsub; ++i) wrow[i] = t.w + t.w_rows[n0 + i] * t.K;
+  for (int g0 = 0; g0 < ngroups; g0 += kPanelRows / 16) {
+    const int ng = std::min(kPanelRows / 16, ngroups - g0);
     for (int64_t kb = 0; kb < nkb; ++kb) {
       const int64_t k0 = kb * kchunk;
       const int64_t kl = std::min(kchunk, t.K - k0);
       const int64_t group_zmm = kl / 16 * 8;  // zmm per 16-row group
-      if (t.w_scale && scaled) load_w_scales(t, n0, nsub, kb, sw);
-      for (int g = 0; g < nsub / 16; ++g) {
-        const uint8_t* w[16];
-        for (int i = 0; i < 16; ++i) w[i] = wrow[g * 16 + i] + k0;
-        build_panel_group(w, kl, L, panel + g * group_zmm);
+      for (int j = 0; j < ng; ++j) {
+        build_panel_group(t.w + t.w_groups[g0 + j] * t.K + k0, t.K, kl, L, panel + j * group_zmm);
+        if (scaled && t.w_scale) load_group_scales(t, g0 + j, kb, sw + 16 * j);
       }
-      for (int m0 = 0; m0 < t.R; m0 += kMr) {
-        const int mr = std::min(kMr, t.R - m0);
-        for (int g = 0; g < nsub / 16; ++g) {
-          run_rows_any<true>(x, m0, mr, nullptr, panel + g * group_zmm, k0, kl, kb, n0 + g * 16,
-                             t.w_scale ? sw + g * 16 : nullptr, L);
+      for (int m0 = 0; m0 < t.R; m0 += kPanelMr) {
+        const int mr = std::min(kPanelMr, t.R - m0);
+        for (int j = 0; j < ng; ++j) {
+          run_rows_any<true>(x, m0, mr, g0 + j, panel + j * group_zmm, k0, kl, kb, sw + 16 * j, L);
         }
       }
     }

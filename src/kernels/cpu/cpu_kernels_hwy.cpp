@@ -69,7 +69,7 @@ HWY_NOINLINE void block_kernel(const GemmTile& t, int m0, int n0, int64_t k0, in
   const int64_t L = static_cast<int64_t>(hn::Lanes(df));
   const uint8_t* w[kNr];
   int64_t aoff[MR];
-  for (int n = 0; n < kNr; ++n) w[n] = t.w + t.w_rows[n0 + n] * t.K + k0;
+  for (int n = 0; n < kNr; ++n) w[n] = t.w + (t.w_groups[n0 / 16] + n0 % 16 + n) * t.K + k0;
   for (int m = 0; m < MR; ++m) aoff[m] = t.a_rows[m0 + m] * t.lda + k0;
   hn::Vec<DF> acc[MR][kNr];
   for (int m = 0; m < MR; ++m) {
@@ -91,7 +91,8 @@ HWY_NOINLINE void block_kernel(const GemmTile& t, int m0, int n0, int64_t k0, in
       const float s = hn::GetLane(hn::SumOfLanes(df, acc[m][n]));
       float scale = sa;
       if (scaled && t.w_scale) {
-        scale = t.w_scale[(t.w_rows[n0 + n] / t.bn) * t.w_scale_ld + kb] * sa;
+        const int64_t row = t.w_groups[n0 / 16] + n0 % 16 + n;
+        scale = t.w_scale[(row / t.bn) * t.w_scale_ld + kb] * sa;
       }
       const float v = (scaled ? s * scale : s);
       c[n] = first ? v : c[n] + v;
