@@ -409,6 +409,31 @@ ExpertPlacement place_experts(int num_experts, int ep_size, int ep_rank,
                               ExpertPlacementStrategy strategy = ExpertPlacementStrategy::kLinear);
 
 // =====================================================================================================
+// The example checkpoint (fp8moe make-example)
+// =====================================================================================================
+
+// A small model in the real formats, shaped like a Qwen3-MoE FP8 release: config.json (qwen3_moe,
+// native fp8 block quantisation, dynamic activations), sharded safetensors and the index.
+struct ExampleCheckpointSpec {
+  int64_t hidden = 256;
+  int64_t intermediate = 640;  // 640 = 5 blocks: TP4 refines to 32, TP8 has to pad (or use EP)
+  int64_t experts = 8;
+  int topk = 2;
+  int layers = 2;
+  int64_t block = 128;
+  int64_t vocab = 512;
+  int64_t heads = 4;
+  int64_t kv_heads = 2;
+  int64_t head_dim = 64;
+  bool ue8m0 = false;  // power-of-two scales and "scale_fmt": "ue8m0"
+  uint64_t seed = 0;
+};
+// Writes the example into `dir` (created if missing). Returns the files written. Deterministic:
+// the same spec gives the same bytes.
+std::vector<std::string> write_example_checkpoint(const std::string& dir,
+                                                  const ExampleCheckpointSpec& spec = {});
+
+// =====================================================================================================
 // Loading one MoE layer for one rank
 // =====================================================================================================
 

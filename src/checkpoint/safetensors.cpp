@@ -21,7 +21,7 @@
 
 namespace fp8moe {
 
-using nlohmann::json;
+using json = nlohmann::ordered_json;
 
 namespace {
 

@@ -14,6 +14,7 @@
 
 #include "fp8moe/checkpoint.hpp"
 #include "fp8moe/error.hpp"
+#include "numerics/quant.hpp"
 #include "test_checkpoint_util.hpp"
 
 namespace fp8moe {
@@ -162,6 +163,45 @@ void check_case_impl(const Case& c, int64_t& padding) {
           ASSERT_EQ(byte, 0);
           ASSERT_TRUE(same_bits(scale, 1.0f));
           ++padding;
+        }
+      }
+    }
+    // The same through the numerics room's dequantiser: decode(q) * scale of the shard equals that
+    // of the unsharded weight bit for bit; padding dequantises to exactly 0.
+    {
+      const Tensor dq13 = numerics::dequantize_block(o.w13, o.s13, b0, b1);
+      const Tensor dq2 = numerics::dequantize_block(o.w2, o.s2, b0, b1);
+      const Tensor full_g = numerics::dequantize_block(gate.wv(), gate.sv(), 128, 128);
+      const Tensor full_u = numerics::dequantize_block(up.wv(), up.sv(), 128, 128);
+      const Tensor full_d = numerics::dequantize_block(down.wv(), down.sv(), 128, 128);
+      ASSERT_EQ(dq13.dtype(), DType::kF64);
+      const double* d13 = dq13.ptr<double>();
+      const double* d2 = dq2.ptr<double>();
+      for (int half = 0; half < 2; ++half) {
+        const double* full = (half ? full_u : full_g).ptr<double>();
+        for (int64_t lr = 0; lr < W; ++lr) {
+          const int64_t g = sh.global_begin() + lr;
+          const bool valid = lr < sh.valid_size();
+          for (int64_t col = 0; col < H; ++col) {
+            const double v = d13[(half * W + lr) * H + col];
+            if (valid) {
+              ASSERT_EQ(std::memcmp(&v, &full[g * H + col], 8), 0) << "dequantised w13";
+            } else {
+              ASSERT_EQ(v, 0.0);
+            }
+          }
+        }
+      }
+      for (int64_t row = 0; row < H; ++row) {
+        for (int64_t lc = 0; lc < W; ++lc) {
+          const int64_t g = sh.global_begin() + lc;
+          const double v = d2[row * W + lc];
+          if (lc < sh.valid_size()) {
+            ASSERT_EQ(std::memcmp(&v, &full_d.ptr<double>()[row * c.I + g], 8), 0)
+                << "dequantised w2";
+          } else {
+            ASSERT_EQ(v, 0.0);
+          }
         }
       }
     }
