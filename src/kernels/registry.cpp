@@ -8,11 +8,14 @@
 
 #include <cstring>
 
+#include "kernels/cpu/cpu_experts.hpp"
+
 namespace fp8moe {
 
 const std::vector<const ExpertsImpl*>& experts_impls() {
   static const std::vector<const ExpertsImpl*> impls = {
-  // CPU kernels (src/kernels/cpu) go here.
+      &cpu::cpu_w8a8_experts_impl(),
+      &cpu::cpu_w8a16_experts_impl(),
 #ifdef FP8MOE_WITH_CUDA
   // CUDA kernels (src/kernels/cuda) go here.
 #endif
