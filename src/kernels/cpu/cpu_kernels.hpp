@@ -60,7 +60,7 @@ struct GemmTile {
   bool a_bf16 = true;
   int64_t lda = 0;
   const int32_t* a_rows = nullptr;
-  int R = 0;
+  int R = 0;                       // 1 .. kMaxTileRows
   const float* a_scale = nullptr;  // (rows of A, a_scale_ld): sa[a_rows[r] * a_scale_ld + kb]
   int64_t a_scale_ld = 0;
   // W: one expert's e4m3fn weights, (N, K) row-major. The NT tile rows come in groups of 16
@@ -86,6 +86,7 @@ inline constexpr int64_t kKAlign = 32;         // K (H and I) must be a multiple
 inline constexpr int64_t kNAlign = 16;         // NT and the weight-row groups: 16 rows
 inline constexpr int64_t kMaxKBlock = 512;     // scale K-blocks up to this length
 inline constexpr int64_t kChunkNoScale = 128;  // K chunk when no per-K-block scale applies
+inline constexpr int kMaxTileRows = 128;       // activation rows per tile (GemmTile::R)
 
 // Scratch bytes a GEMM tile with reduction length up to K needs per thread (any level).
 std::size_t gemm_scratch_bytes(int64_t K);

@@ -23,7 +23,7 @@ namespace hn = hwy::HWY_NAMESPACE;
 #if HWY_TARGET == HWY_AVX3
 constexpr int kMr = 4;  // 32 vector registers
 #else
-constexpr int kMr = 2;
+constexpr int kMr = 2;  // 16 (AVX2) or scalar registers
 #endif
 constexpr int kNr = 4;
 
@@ -61,41 +61,104 @@ HWY_INLINE hn::Vec<DF> load_a(DF df, const void* base, int64_t off) {
   }
 }
 
-// MR activation rows x kNr weight rows over one K-block; folds into C.
-template <int MR, bool kBf16>
-HWY_NOINLINE void block_kernel(const GemmTile& t, int m0, int n0, int64_t k0, int64_t kl,
-                               int64_t kb, bool scaled, bool first) {
+// Decodes 16 weight rows (row 0 at w, K bytes apart), kl codes each, into panel[16][kl] f32.
+HWY_NOINLINE void decode_panel(const uint8_t* w, int64_t K, int64_t kl, float* panel) {
   const DF df;
   const int64_t L = static_cast<int64_t>(hn::Lanes(df));
-  const uint8_t* w[kNr];
-  int64_t aoff[MR];
-  for (int n = 0; n < kNr; ++n) w[n] = t.w + (t.w_groups[n0 / 16] + n0 % 16 + n) * t.K + k0;
-  for (int m = 0; m < MR; ++m) aoff[m] = t.a_rows[m0 + m] * t.lda + k0;
+  for (int i = 0; i < 16; ++i) {
+    for (int64_t k = 0; k < kl; k += L)
+      hn::Store(decode_f32(df, w + i * K + k), df, panel + i * kl + k);
+  }
+}
+
+// MR activation rows x kNr panel rows over one K-block (kl values), K in lanes; folds the lane
+// vectors into the running totals `tot` (lane layout, (MR, kNr, L) floats) with their scale.
+template <int MR, bool kBf16>
+HWY_NOINLINE void block_kernel(const GemmTile& t, const int64_t* aoff, const float* panel,
+                               int64_t kl, const float* scale, float* tot, int64_t tot_ld,
+                               bool first) {
+  const DF df;
+  const int64_t L = static_cast<int64_t>(hn::Lanes(df));
   hn::Vec<DF> acc[MR][kNr];
   for (int m = 0; m < MR; ++m) {
     for (int n = 0; n < kNr; ++n) acc[m][n] = hn::Zero(df);
   }
   for (int64_t k = 0; k < kl; k += L) {
     hn::Vec<DF> b[kNr];
-    for (int n = 0; n < kNr; ++n) b[n] = decode_f32(df, w[n] + k);
+    for (int n = 0; n < kNr; ++n) b[n] = hn::Load(df, panel + n * kl + k);
     for (int m = 0; m < MR; ++m) {
       const auto a = load_a<kBf16>(df, t.a, aoff[m] + k);
       for (int n = 0; n < kNr; ++n) acc[m][n] = hn::MulAdd(a, b[n], acc[m][n]);
     }
   }
   for (int m = 0; m < MR; ++m) {
-    const int64_t r = t.a_rows[m0 + m];
-    const float sa = (scaled && t.a_scale) ? t.a_scale[r * t.a_scale_ld + kb] : 1.0f;
-    float* c = t.c + (m0 + m) * t.ldc + n0;
     for (int n = 0; n < kNr; ++n) {
-      const float s = hn::GetLane(hn::SumOfLanes(df, acc[m][n]));
-      float scale = sa;
-      if (scaled && t.w_scale) {
-        const int64_t row = t.w_groups[n0 / 16] + n0 % 16 + n;
-        scale = t.w_scale[(row / t.bn) * t.w_scale_ld + kb] * sa;
+      float* tp = tot + m * tot_ld + n * L;
+      const auto s = hn::Set(df, scale ? scale[m * kNr + n] : 1.0f);
+      hn::Store(first ? hn::Mul(acc[m][n], s) : hn::MulAdd(acc[m][n], s, hn::Load(df, tp)), df, tp);
+    }
+  }
+}
+
+// One 16-row weight group against all activation rows: for each K-block, decode the group into a
+// panel once, run every row block against it, fold with the block scales; finally sum the lanes.
+template <bool kBf16>
+void gemm_group(const GemmTile& t, int g, int64_t kchunk, int64_t nkb, bool scaled, float* panel,
+                float* tot) {
+  const DF df;
+  const int64_t L = static_cast<int64_t>(hn::Lanes(df));
+  const int64_t row0 = t.w_groups[g];
+  const uint8_t* w = t.w + row0 * t.K;
+  const float* sw[16];
+  for (int i = 0; i < 16; ++i) {
+    sw[i] = t.w_scale ? t.w_scale + ((row0 + i) / t.bn) * t.w_scale_ld : nullptr;
+  }
+  const int64_t tot_ld = 16 * L;  // per activation row: 16 weight rows x L lanes
+  for (int64_t kb = 0; kb < nkb; ++kb) {
+    const int64_t k0 = kb * kchunk;
+    const int64_t kl = std::min(kchunk, t.K - k0);
+    decode_panel(w + k0, t.K, kl, panel);
+    for (int m0 = 0; m0 < t.R; m0 += kMr) {
+      const int mr = std::min(kMr, t.R - m0);
+      int64_t aoff[kMr];
+      float sa[kMr];
+      for (int m = 0; m < mr; ++m) {
+        const int64_t r = t.a_rows[m0 + m];
+        aoff[m] = r * t.lda + k0;
+        sa[m] = (scaled && t.a_scale) ? t.a_scale[r * t.a_scale_ld + kb] : 1.0f;
       }
-      const float v = (scaled ? s * scale : s);
-      c[n] = first ? v : c[n] + v;
+      for (int n0 = 0; n0 < 16; n0 += kNr) {
+        float scale[kMr * kNr];
+        for (int m = 0; m < mr; ++m) {
+          for (int n = 0; n < kNr; ++n) {
+            scale[m * kNr + n] = sa[m] * ((scaled && sw[n0 + n]) ? sw[n0 + n][kb] : 1.0f);
+          }
+        }
+        float* tp = tot + m0 * tot_ld + n0 * L;
+        const float* pp = panel + n0 * kl;
+        switch (mr) {
+#if HWY_TARGET == HWY_AVX3
+          case 4:
+            block_kernel<4, kBf16>(t, aoff, pp, kl, scaled ? scale : nullptr, tp, tot_ld, kb == 0);
+            break;
+          case 3:
+            block_kernel<3, kBf16>(t, aoff, pp, kl, scaled ? scale : nullptr, tp, tot_ld, kb == 0);
+            break;
+#endif
+          case 2:
+            block_kernel<2, kBf16>(t, aoff, pp, kl, scaled ? scale : nullptr, tp, tot_ld, kb == 0);
+            break;
+          default:
+            block_kernel<1, kBf16>(t, aoff, pp, kl, scaled ? scale : nullptr, tp, tot_ld, kb == 0);
+            break;
+        }
+      }
+    }
+  }
+  for (int m = 0; m < t.R; ++m) {
+    for (int i = 0; i < 16; ++i) {
+      t.c[m * t.ldc + g * 16 + i] =
+          hn::GetLane(hn::SumOfLanes(df, hn::Load(df, tot + m * tot_ld + i * L)));
     }
   }
 }
@@ -105,31 +168,10 @@ void gemm_tile(const GemmTile& t) {
   const bool scaled = t.w_scale != nullptr || t.a_scale != nullptr;
   const int64_t kchunk = scaled ? t.kblock : kChunkNoScale;
   const int64_t nkb = (t.K + kchunk - 1) / kchunk;
-  for (int m0 = 0; m0 < t.R; m0 += kMr) {
-    const int mr = std::min(kMr, t.R - m0);
-    for (int n0 = 0; n0 < t.NT; n0 += kNr) {
-      for (int64_t kb = 0; kb < nkb; ++kb) {
-        const int64_t k0 = kb * kchunk;
-        const int64_t kl = std::min(kchunk, t.K - k0);
-        switch (mr) {
-#if HWY_TARGET == HWY_AVX3
-          case 4:
-            block_kernel<4, kBf16>(t, m0, n0, k0, kl, kb, scaled, kb == 0);
-            break;
-          case 3:
-            block_kernel<3, kBf16>(t, m0, n0, k0, kl, kb, scaled, kb == 0);
-            break;
-#endif
-          case 2:
-            block_kernel<2, kBf16>(t, m0, n0, k0, kl, kb, scaled, kb == 0);
-            break;
-          default:
-            block_kernel<1, kBf16>(t, m0, n0, k0, kl, kb, scaled, kb == 0);
-            break;
-        }
-      }
-    }
-  }
+  // Scratch: the decoded panel (16 x kMaxKBlock f32), then the running totals (R x 16 x L f32).
+  float* panel = static_cast<float*>(t.scratch);
+  float* tot = panel + 16 * kMaxKBlock;
+  for (int g = 0; g < t.NT / 16; ++g) gemm_group<kBf16>(t, g, kchunk, nkb, scaled, panel, tot);
 }
 
 void gemm_a_bf16(const GemmTile& t) { gemm_tile<true>(t); }
