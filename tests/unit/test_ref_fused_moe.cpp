@@ -189,18 +189,17 @@ MoeTestSpec exact_spec(const MoeScheme& sc, MoeActivation act, uint64_t seed) {
 }
 
 TEST(RefFusedMoeExact, EverySchemeWithSilu) {
+  uint64_t seed = 0;  // odd seeds add biases
   for (const SchemeCase& c : all_schemes()) {
-    for (uint64_t seed : {1, 2}) {
-      const MoeTestSpec s = exact_spec(c.scheme, MoeActivation::kSilu, seed);
-      MoeTestProblem p;
-      ASSERT_NO_THROW(p = make_problem(s)) << c.name;  // verifies float64 == float32 both orders
-      const Tensor out = reference_output(p);
-      EXPECT_TRUE(testing::expect_all_written(out)) << c.name;
-      // Non-trivial: the outputs are not all zero.
-      int64_t nonzero = 0;
-      for (int64_t i = 0; i < out.numel(); ++i) nonzero += out_at(out, i) != 0.0f;
-      EXPECT_GT(nonzero, out.numel() / 4) << c.name;
-    }
+    const MoeTestSpec s = exact_spec(c.scheme, MoeActivation::kSilu, ++seed);
+    MoeTestProblem p;
+    ASSERT_NO_THROW(p = make_problem(s)) << c.name;  // verifies float64 == float32 both orders
+    const Tensor out = reference_output(p);
+    EXPECT_TRUE(testing::expect_all_written(out)) << c.name;
+    // Non-trivial: the outputs are not all zero.
+    int64_t nonzero = 0;
+    for (int64_t i = 0; i < out.numel(); ++i) nonzero += out_at(out, i) != 0.0f;
+    EXPECT_GT(nonzero, out.numel() / 4) << c.name;
   }
 }
 
@@ -340,6 +339,7 @@ TEST(RefFusedMoe, EmptyBatchAndUnusedExperts) {
   EXPECT_NO_THROW(fused_moe(p.args()));
   s.M = 3;
   s.E = 16;
+  s.H = s.I = 128;
   s.topk = 1;
   p = make_problem(s);  // most experts get no token
   EXPECT_NO_THROW(fused_moe(p.args()));
@@ -479,7 +479,7 @@ TEST(RefFusedMoe, PerShardWeightScalesAreHonoured) {
 TEST(RefFusedMoe, Fp8ErrorAgainstTheUnquantisedLayer) {
   for (const SchemeCase& c : all_schemes()) {
     MoeTestSpec s;
-    s.M = 16;
+    s.M = 8;
     s.E = 4;
     s.H = 256;
     s.I = 128;
@@ -684,6 +684,7 @@ TEST(RefFusedMoe, ExpertsImplDescriptor) {
   ASSERT_NE(impl.available, nullptr);
   EXPECT_TRUE(impl.available());
   MoeTestSpec s;
+  s.H = s.I = 128;
   s.mode = MoeTestMode::kExact;
   const MoeTestProblem p = make_problem(s);
   EXPECT_EQ(impl.workspace_size(p.args()), 0u);
