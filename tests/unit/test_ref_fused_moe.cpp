@@ -175,7 +175,7 @@ std::vector<SchemeCase> all_schemes() {
 
 MoeTestSpec exact_spec(const MoeScheme& sc, MoeActivation act, uint64_t seed) {
   MoeTestSpec s;
-  s.M = 9;
+  s.M = 6;
   s.E = 4;
   s.H = 128;
   s.I = 128;
@@ -376,6 +376,7 @@ TEST(RefFusedMoe, LogitRoutingEqualsPrecomputedRouting) {
   MoeTestSpec s;
   s.M = 12;
   s.E = 8;
+  s.H = s.I = 128;
   s.topk = 2;
   s.routing = RoutingPattern::kLogits;
   s.routing_config.method = RoutingMethodType::kDeepSeekV3;
@@ -395,6 +396,7 @@ TEST(RefFusedMoe, LogitRoutingEqualsPrecomputedRouting) {
 TEST(RefFusedMoe, FusedSiluQuantKeepsFp32AndDropsTheClamp) {
   MoeTestSpec s;
   s.M = 8;
+  s.H = s.I = 128;
   s.seed = 3;
   MoeTestProblem p = make_problem(s);
   const Tensor unfused = reference_output(p);
@@ -481,7 +483,7 @@ TEST(RefFusedMoe, Fp8ErrorAgainstTheUnquantisedLayer) {
     MoeTestSpec s;
     s.M = 8;
     s.E = 4;
-    s.H = 256;
+    s.H = 128;
     s.I = 128;
     s.topk = 2;
     s.scheme = c.scheme;

@@ -405,7 +405,20 @@ void fused_moe_unquantized(const UnquantizedMoeArgs& a) {
     const double w = a.apply_router_weight_on_input ? rt.w[t * K] : 1.0;
     for (int64_t k = 0; k < H; ++k) xs[t * H + k] = num::load_float(a.x, t * H + k) * w;
   }
+  // Real weights of the experts that receive tokens, as doubles.
+  const int64_t E = a.w13.size(0);
+  std::vector<std::vector<double>> W13(static_cast<std::size_t>(E)),
+      W2(static_cast<std::size_t>(E));
+  for (int32_t id : rt.ids) {
+    const int32_t e = local_expert(id, a.expert_map);
+    if (e < 0 || !W13[e].empty()) continue;
+    W13[e].resize(static_cast<std::size_t>(N1 * H));
+    for (int64_t i = 0; i < N1 * H; ++i) W13[e][i] = num::load_float(a.w13, e * N1 * H + i);
+    W2[e].resize(static_cast<std::size_t>(H * I));
+    for (int64_t i = 0; i < H * I; ++i) W2[e][i] = num::load_float(a.w2, e * H * I + i);
+  }
   std::vector<float> y1(static_cast<std::size_t>(N1)), h(static_cast<std::size_t>(I));
+  std::vector<double> hd(static_cast<std::size_t>(I));
   std::vector<double> acc_out(static_cast<std::size_t>(H));
   for (int64_t t = 0; t < M; ++t) {
     std::fill(acc_out.begin(), acc_out.end(), 0.0);
@@ -413,17 +426,14 @@ void fused_moe_unquantized(const UnquantizedMoeArgs& a) {
       const int32_t e = local_expert(rt.ids[t * K + j], a.expert_map);
       if (e < 0) continue;
       for (int64_t n = 0; n < N1; ++n) {
-        double acc = 0;
-        for (int64_t k = 0; k < H; ++k) {
-          acc += xs[t * H + k] * num::load_float(a.w13, (e * N1 + n) * H + k);
-        }
+        const double acc = dot<double>(xs.data() + t * H, W13[e].data() + n * H, H, false);
         y1[n] = static_cast<float>(acc + bias_at(a.w13_bias, e * N1 + n));
       }
       num::apply_activation_row<double>(a.act, y1.data(), I, /*bf16=*/false, h.data());
+      for (int64_t i = 0; i < I; ++i) hd[i] = h[i];
       const double w = a.apply_router_weight_on_input ? 1.0 : rt.w[t * K + j];
       for (int64_t m = 0; m < H; ++m) {
-        double acc = 0;
-        for (int64_t i = 0; i < I; ++i) acc += h[i] * num::load_float(a.w2, (e * H + m) * I + i);
+        const double acc = dot<double>(hd.data(), W2[e].data() + m * I, I, false);
         acc_out[m] += (acc + bias_at(a.w2_bias, e * H + m)) * w;
       }
     }
