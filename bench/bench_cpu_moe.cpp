@@ -319,7 +319,62 @@ struct Result {
   std::string shape, kernel, isa;
   int64_t M = 0, E = 0, touched = 0;
   double seconds = 0, bytes = 0, flops = 0;
+  double probe_read_gbs = 0, probe_peak_gflops = 0;  // ceilings probed right before the case
 };
+
+// Short ceiling probes run right before each case, so that every ratio compares numbers taken
+// under the same load (the machine is shared): the best of 3 reads of a 256 MiB buffer with all
+// threads, and the peak loop of the level in use (BF16 dot or f32 FMA) for ~20 ms.
+struct Probe {
+  std::unique_ptr<uint8_t, decltype(&std::free)> buf{nullptr, &std::free};
+  std::size_t n = std::size_t{256} << 20;
+};
+Probe g_probe;
+
+double probe_read_gbs() {
+  if (!g_probe.buf) {
+    g_probe.buf.reset(static_cast<uint8_t*>(std::aligned_alloc(4096, g_probe.n)));
+#pragma omp parallel for
+    for (std::size_t i = 0; i < g_probe.n; i += 4096) {
+      std::memset(g_probe.buf.get() + i, static_cast<int>(i >> 12), 4096);
+    }
+  }
+  double best = 0;
+  for (int rep = 0; rep < 3; ++rep) {
+    const auto t0 = Clock::now();
+    uint64_t acc = 0;
+#pragma omp parallel reduction(^ : acc)
+    {
+      const std::size_t chunk = g_probe.n / omp_get_num_threads();
+      const uint8_t* p = g_probe.buf.get() + chunk * omp_get_thread_num();
+      acc ^= has_avx512() ? read_avx512(p, chunk) : read_avx2(p, chunk);
+    }
+    const double dt = std::chrono::duration<double>(Clock::now() - t0).count();
+    g_sink = g_sink ^ acc;
+    best = std::max(best, g_probe.n / dt / 1e9);
+  }
+  return best;
+}
+
+double probe_peak_gflops(bool bf16) {
+  const int threads = omp_get_max_threads();
+  const int64_t iters = 1'000'000;
+  double best = 0;
+  for (int rep = 0; rep < 3; ++rep) {
+    const auto t0 = Clock::now();
+    if (bf16) {
+#pragma omp parallel num_threads(threads)
+      g_fsink = bf16dot(iters);
+    } else {
+#pragma omp parallel num_threads(threads)
+      g_fsink = has_avx512() ? fma_avx512(iters) : fma_avx2(iters);
+    }
+    const double dt = std::chrono::duration<double>(Clock::now() - t0).count();
+    const double per = bf16 ? 64 : (has_avx512() ? 32 : 16);
+    best = std::max(best, threads * iters * 12.0 * per / dt / 1e9);
+  }
+  return best;
+}
 std::vector<Result> g_results;
 std::map<std::string, double> g_ref_seconds;  // "shape/M" -> reference time
 
@@ -341,6 +396,9 @@ void run_layer(benchmark::State& state, const Shape& s, int64_t M, bool w8a8,
       static_cast<uint8_t*>(std::aligned_alloc(64, impl.workspace_size(a) / 64 * 64 + 64)),
       &std::free);
   impl.run(a, ws.get());  // warm-up (page faults of the workspace)
+  const bool bf16_level = cpu::active_isa() == cpu::Isa::kAvx512Bf16;
+  const double probe_bw = probe_read_gbs();
+  const double probe_peak = probe_peak_gflops(bf16_level);
   std::vector<double> times;
   for (auto _ : state) {
     const auto t0 = Clock::now();
@@ -358,7 +416,7 @@ void run_layer(benchmark::State& state, const Shape& s, int64_t M, bool w8a8,
   state.counters["GFLOP/s"] = flops / t / 1e9;
   state.SetLabel(fmt::format("{} experts touched", p.touched));
   g_results.push_back({s.name, impl.name, std::string(cpu::isa_name(cpu::active_isa())), M, s.E,
-                       p.touched, t, bytes, flops});
+                       p.touched, t, bytes, flops, probe_bw, probe_peak});
 }
 
 // The float64 reference on the same problem (small M only: it dequantises every touched expert
@@ -444,16 +502,17 @@ void register_all() {
 
 void print_table() {
   const Ceilings& c = g_ceil;
-  fmt::print("\n## Summary (medians; ceilings measured in this run, {} threads)\n\n",
-             omp_get_max_threads());
+  fmt::print("\n## Summary (medians; {} threads)\n\n", omp_get_max_threads());
   fmt::print(
-      "Ceilings: read {:.1f} GB/s ({:.1f} GB/s one thread), f32 FMA {:.0f} GFLOP/s, "
-      "BF16 dot {:.0f} GFLOP/s.\n\n",
+      "Ceilings at the start of the run: read {:.1f} GB/s ({:.1f} GB/s one thread), f32 FMA {:.0f} "
+      "GFLOP/s, BF16 dot {:.0f} GFLOP/s. Each case's ratios use the probes taken right before it "
+      "(read BW, and the peak of the level in use), shown in the last columns.\n\n",
       c.read_gbs, c.read_gbs_1t, c.fma_gflops, c.bf16dot_gflops);
   fmt::print(
-      "| shape (E used/real, H, I, topk) | kernel | level | M | experts touched | ms/layer | "
-      "GB/s | % read BW | GFLOP/s | % peak | vs ref |\n");
-  fmt::print("|---|---|---|---|---|---|---|---|---|---|---|\n");
+      "| shape (E used/real, H, I, topk) | kernel | level | M | experts touched | ms/layer | GB/s "
+      "| "
+      "% read BW | GFLOP/s | % peak | vs ref | probe BW | probe peak |\n");
+  fmt::print("|---|---|---|---|---|---|---|---|---|---|---|---|---|\n");
   for (const Result& r : g_results) {
     const Shape* s = nullptr;
     for (const Shape& k : kShapes) {
@@ -461,16 +520,16 @@ void print_table() {
     }
     const double gbs = r.bytes / r.seconds / 1e9;
     const double gf = r.flops / r.seconds / 1e9;
-    const double peak = r.isa == "avx512_bf16" ? c.bf16dot_gflops : c.fma_gflops;
     std::string vs = "";
     const auto it = g_ref_seconds.find(fmt::format("{}/{}", r.shape, r.M));
     if (it != g_ref_seconds.end()) vs = fmt::format("{:.0f}x", it->second / r.seconds);
     fmt::print(
         "| {} ({}/{}, {}, {}, {}) | {} | {} | {} | {} | {:.3f} | {:.1f} | {:.0f}% | {:.1f} | "
-        "{:.0f}% | {} |\n",
+        "{:.0f}% "
+        "| {} | {:.1f} | {:.0f} |\n",
         r.shape, r.E, s ? s->E_real : 0, s ? s->H : 0, s ? s->I : 0, s ? s->topk : 0, r.kernel,
-        r.isa, r.M, r.touched, r.seconds * 1e3, gbs, 100 * gbs / c.read_gbs, gf,
-        peak > 0 ? 100 * gf / peak : 0.0, vs);
+        r.isa, r.M, r.touched, r.seconds * 1e3, gbs, 100 * gbs / r.probe_read_gbs, gf,
+        100 * gf / r.probe_peak_gflops, vs, r.probe_read_gbs, r.probe_peak_gflops);
   }
 }
 

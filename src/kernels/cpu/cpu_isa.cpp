@@ -104,12 +104,12 @@ const KernelTable& kernel_table(Isa isa) {
 }
 
 std::size_t gemm_scratch_bytes(int64_t K) {
-  // AVX-512 BF16: the decoded panel (64 weight rows x one K-block of bf16), or the permuted
-  // activation rows of the streaming path (4 rows x K rounded up to 64, bf16). Portable levels:
-  // a decoded f32 panel (16 rows x one K-block) and the lane-layout running totals (rows x 16 x
-  // up to 16 lanes).
-  const int64_t panel = 64 * kMaxKBlock * 2;
-  const int64_t rows = 4 * ((K + 63) / 64 * 64) * 2;
+  // AVX-512 BF16: the decoded panel (64 weight rows x one K-block of bf16) and its lane-layout
+  // totals (rows x 64 weight rows x 4 lanes f32), or the permuted activation rows of the streaming
+  // path (8 rows x K rounded up to 64, bf16). Portable levels: a decoded f32 panel (16 rows x one
+  // K-block) and the lane-layout running totals (rows x 16 x up to 16 lanes).
+  const int64_t panel = 64 * kMaxKBlock * 2 + int64_t{kMaxTileRows} * 64 * 4 * 4;
+  const int64_t rows = 8 * ((K + 63) / 64 * 64) * 2;
   const int64_t portable = (16 * kMaxKBlock + int64_t{kMaxTileRows} * 16 * 16) * 4;
   return static_cast<std::size_t>(std::max({panel, rows, portable}));
 }

@@ -45,7 +45,7 @@ namespace {
 
 constexpr int kPanelRows = 64;               // weight rows per decoded panel
 constexpr int kPanelMr = 6;                  // activation rows per panel microkernel
-constexpr int kInlineMaxRows = 4;            // up to this many activation rows: decode inline
+constexpr int kInlineMaxRows = 4;            // up to this many activation rows: stream
 constexpr int64_t kPrefetchDistance = 2048;  // bytes ahead on each streamed weight row
 
 // bf16 bits of the 128 e4m3fn magnitudes (0x00..0x7F), split into low and high bytes. Built from
@@ -116,13 +116,29 @@ FP8MOE_BF16_TARGET inline __m512 dp(__m512 acc, __m512i a, __m512i b) {
   return _mm512_dpbf16_ps(acc, reinterpret_cast<__m512bh>(a), reinterpret_cast<__m512bh>(b));
 }
 
-// Panel microkernel: MR (<= 6) activation rows x one decoded 16-row group (8 zmm per 16 k).
+// ---- panel path (R > kInlineMaxRows) --------------------------------------------------------
+// Per 64-row subtile and K-block: the rows are decoded once into a panel of row quads (L1), then
+// every block of 6 activation rows runs against all of it. The quad accumulators are folded
+// unreduced, with their block scale, into running totals in lane layout (per activation row and
+// group: 4 zmm); the 4:1 lane reduction happens once per subtile, not once per K-block.
+
+// Panel microkernel: MR (<= 6) activation rows x one decoded 16-row group (8 zmm per 16 k), then
+// the fold of the quad accumulators into the lane totals tot[m] (4 zmm each, row stride
+// `tot_ld` floats): tot = (first ? 0 : tot) + acc * scale, the scale per row (`s`, scalar) or per
+// row and lane (`sq` quad vectors times s). Folding here keeps the accumulators in registers.
 template <int MR>
 FP8MOE_BF16_TARGET inline void microkernel_panel(const uint16_t* const* a, const __m512i* panel,
-                                                 int64_t kl, __m512* out) {
+                                                 int64_t kl, float* tot, int64_t tot_ld,
+                                                 const float* s, const float (*sq)[16],
+                                                 bool first) {
   __m512 acc[MR][4];
   for (int m = 0; m < MR; ++m) {
     for (int q = 0; q < 4; ++q) acc[m][q] = _mm512_setzero_ps();
+    if (!first) {  // the totals are read after the K loop: fetch them meanwhile
+      for (int q = 0; q < 4; ++q) {
+        _mm_prefetch(reinterpret_cast<const char*>(tot + m * tot_ld + 16 * q), _MM_HINT_T0);
+      }
+    }
   }
   for (int64_t k = 0; k < kl; k += 16) {
     const __m512i* p = panel + (k / 16) * 8;
@@ -135,7 +151,20 @@ FP8MOE_BF16_TARGET inline void microkernel_panel(const uint16_t* const* a, const
       }
     }
   }
-  for (int m = 0; m < MR; ++m) out[m] = reduce_quads(acc[m][0], acc[m][1], acc[m][2], acc[m][3]);
+  for (int m = 0; m < MR; ++m) {
+    float* tp = tot + m * tot_ld;
+    const __m512 sm = _mm512_set1_ps(s ? s[m] : 1.0f);
+    for (int q = 0; q < 4; ++q) {
+      __m512 v = acc[m][q];
+      if (sq) {
+        v = _mm512_mul_ps(v, _mm512_mul_ps(_mm512_load_ps(sq[q]), sm));
+      } else if (s) {
+        v = _mm512_mul_ps(v, sm);
+      }
+      if (!first) v = _mm512_add_ps(v, _mm512_load_ps(tp + 16 * q));
+      _mm512_store_ps(tp + 16 * q, v);
+    }
+  }
 }
 
 // Decodes 16 rows (row 0 at `w`, K bytes apart), kl k, into panel quads (8 zmm per 16 k).
@@ -154,44 +183,53 @@ FP8MOE_BF16_TARGET void build_panel_group(const uint8_t* w, int64_t K, int64_t k
   }
 }
 
-// Folds one K-block's row sums into C: c = (first ? 0 : c) + sums * scale. `sw` holds the 16
-// weight scales of the group (nullptr: 1), `sa` the activation scale of the row (nullptr: 1).
-FP8MOE_BF16_TARGET inline void fold(float* c, __m512 sums, const float* sw, const float* sa,
-                                    bool first) {
-  __m512 v = sums;
-  if (sw) {
-    __m512 s = _mm512_loadu_ps(sw);
-    if (sa) s = _mm512_mul_ps(s, _mm512_set1_ps(*sa));
-    if (first) {
-      _mm512_storeu_ps(c, _mm512_mul_ps(v, s));
-    } else {
-      _mm512_storeu_ps(c, _mm512_fmadd_ps(v, s, _mm512_loadu_ps(c)));
-    }
-    return;
-  }
-  if (sa) v = _mm512_mul_ps(v, _mm512_set1_ps(*sa));
-  _mm512_storeu_ps(c, first ? v : _mm512_add_ps(v, _mm512_loadu_ps(c)));
-}
-
-struct TileCtx {
-  const GemmTile& t;
-  const uint16_t* a;
-  bool scaled;  // per-K-block scales apply
+// The block scales of one 16-row group for one K-block, as the quad lanes see them: quad q lane
+// (block l, sub-lane s) belongs to row q + 4l. `uniform`: all 16 rows share one scale (the usual
+// case: the group lies inside one bn-row block).
+struct GroupScale {
+  bool uniform = true;
+  float s = 1.0f;
+  alignas(64) float quad[4][16];
 };
 
-// Weight scales of the 16 rows of group g for K-block kb.
-inline void load_group_scales(const GemmTile& t, int g, int64_t kb, float* out) {
+inline void load_group_scale(const GemmTile& t, int g, int64_t kb, GroupScale& gs) {
   const int64_t row0 = t.w_groups[g];
-  for (int i = 0; i < 16; ++i) out[i] = t.w_scale[((row0 + i) / t.bn) * t.w_scale_ld + kb];
+  if (t.w_scale == nullptr) {
+    gs.uniform = true;
+    gs.s = 1.0f;
+    return;
+  }
+  const int64_t b0 = row0 / t.bn, b1 = (row0 + 15) / t.bn;
+  gs.uniform = b0 == b1;
+  if (gs.uniform) {
+    gs.s = t.w_scale[b0 * t.w_scale_ld + kb];
+    return;
+  }
+  for (int q = 0; q < 4; ++q) {
+    for (int l = 0; l < 4; ++l) {
+      const float v = t.w_scale[((row0 + q + 4 * l) / t.bn) * t.w_scale_ld + kb];
+      for (int sl = 0; sl < 4; ++sl) gs.quad[q][4 * l + sl] = v;
+    }
+  }
 }
 
-// MR activation rows [m0, m0 + MR) against weight group g over K-block kb; folds into C.
-// kPanel: `src` is the group's decoded panel; else `src` is row 0 of the group at the block start.
-template <int MR, bool kPanel>
-FP8MOE_BF16_TARGET __attribute__((noinline)) void run_rows(const TileCtx& x, int m0, int g,
-                                                           const void* src, int64_t k0, int64_t kl,
-                                                           int64_t kb, const float* sw,
-                                                           const Luts& L) {
+struct PanelCtx {
+  const GemmTile& t;
+  const uint16_t* a;
+  bool scaled;
+  const __m512i* panel;
+  int64_t group_zmm;  // zmm per 16-row group in the panel
+  const GroupScale* gscale;
+  float* tot;  // lane-layout totals: [row][group j][quad q][16]
+  int ng;
+};
+
+// MR activation rows [m0, m0 + MR) against every group of the subtile over K-block kb; folds the
+// quad accumulators into the lane-layout totals with their scales.
+template <int MR>
+FP8MOE_BF16_TARGET __attribute__((noinline)) void run_panel_rows(const PanelCtx& x, int m0,
+                                                                 int64_t k0, int64_t kl,
+                                                                 int64_t kb) {
   const GemmTile& t = x.t;
   const uint16_t* arow[MR];
   float sa[MR];
@@ -200,38 +238,68 @@ FP8MOE_BF16_TARGET __attribute__((noinline)) void run_rows(const TileCtx& x, int
     arow[m] = x.a + r * t.lda + k0;
     sa[m] = (x.scaled && t.a_scale) ? t.a_scale[r * t.a_scale_ld + kb] : 1.0f;
   }
-  __m512 out[MR];
-  if constexpr (kPanel) {
-    microkernel_panel<MR>(arow, static_cast<const __m512i*>(src), kl, out);
-  } else {
-    microkernel_inline<MR, (MR <= 2)>(arow, static_cast<const uint8_t*>(src), t.K, kl, L, out);
-  }
-  const float* swp = (x.scaled && t.w_scale) ? sw : nullptr;
-  for (int m = 0; m < MR; ++m) {
-    fold(t.c + (m0 + m) * t.ldc + g * 16, out[m], swp, (x.scaled && t.a_scale) ? &sa[m] : nullptr,
-         kb == 0);
+  const bool first = kb == 0;
+  for (int j = 0; j < x.ng; ++j) {
+    const GroupScale& gs = x.gscale[j];
+    float s[MR];
+    for (int m = 0; m < MR; ++m) s[m] = gs.uniform ? gs.s * sa[m] : sa[m];
+    microkernel_panel<MR>(arow, x.panel + j * x.group_zmm, kl, x.tot + (m0 * x.ng + j) * 64,
+                          x.ng * 64, x.scaled ? s : nullptr,
+                          (x.scaled && !gs.uniform) ? gs.quad : nullptr, first);
   }
 }
 
-template <bool kPanel>
-FP8MOE_BF16_TARGET void run_rows_any(const TileCtx& x, int m0, int mr, int g, const void* src,
-                                     int64_t k0, int64_t kl, int64_t kb, const float* sw,
-                                     const Luts& L) {
+FP8MOE_BF16_TARGET void run_panel_rows_any(const PanelCtx& x, int m0, int mr, int64_t k0,
+                                           int64_t kl, int64_t kb) {
   switch (mr) {
     case 1:
-      return run_rows<1, kPanel>(x, m0, g, src, k0, kl, kb, sw, L);
+      return run_panel_rows<1>(x, m0, k0, kl, kb);
     case 2:
-      return run_rows<2, kPanel>(x, m0, g, src, k0, kl, kb, sw, L);
+      return run_panel_rows<2>(x, m0, k0, kl, kb);
     case 3:
-      return run_rows<3, kPanel>(x, m0, g, src, k0, kl, kb, sw, L);
+      return run_panel_rows<3>(x, m0, k0, kl, kb);
     case 4:
-      return run_rows<4, kPanel>(x, m0, g, src, k0, kl, kb, sw, L);
+      return run_panel_rows<4>(x, m0, k0, kl, kb);
     case 5:
-      if constexpr (kPanel) return run_rows<5, kPanel>(x, m0, g, src, k0, kl, kb, sw, L);
-      break;
+      return run_panel_rows<5>(x, m0, k0, kl, kb);
     default:
-      if constexpr (kPanel) return run_rows<6, kPanel>(x, m0, g, src, k0, kl, kb, sw, L);
-      break;
+      return run_panel_rows<6>(x, m0, k0, kl, kb);
+  }
+}
+
+FP8MOE_BF16_TARGET void panel_tile(const GemmTile& t, bool scaled, int64_t kchunk, const Luts& L) {
+  const int64_t nkb = (t.K + kchunk - 1) / kchunk;
+  const int ngroups = t.NT / 16;
+  // Scratch: the panel (64 rows x kMaxKBlock bf16), then the lane totals (R x 4 groups x 64 f32).
+  __m512i* panel = static_cast<__m512i*>(t.scratch);
+  float* tot =
+      reinterpret_cast<float*>(static_cast<char*>(t.scratch) + kPanelRows * kMaxKBlock * 2);
+  GroupScale gscale[kPanelRows / 16];
+  for (int g0 = 0; g0 < ngroups; g0 += kPanelRows / 16) {
+    const int ng = std::min(kPanelRows / 16, ngroups - g0);
+    for (int64_t kb = 0; kb < nkb; ++kb) {
+      const int64_t k0 = kb * kchunk;
+      const int64_t kl = std::min(kchunk, t.K - k0);
+      const int64_t group_zmm = kl / 16 * 8;
+      for (int j = 0; j < ng; ++j) {
+        build_panel_group(t.w + t.w_groups[g0 + j] * t.K + k0, t.K, kl, L, panel + j * group_zmm);
+        if (scaled) load_group_scale(t, g0 + j, kb, gscale[j]);
+      }
+      const PanelCtx x{t, static_cast<const uint16_t*>(t.a), scaled, panel, group_zmm, gscale, tot,
+                       ng};
+      for (int m0 = 0; m0 < t.R; m0 += kPanelMr) {
+        run_panel_rows_any(x, m0, std::min(kPanelMr, t.R - m0), k0, kl, kb);
+      }
+    }
+    // Lane totals -> C (natural row order within each group).
+    for (int m = 0; m < t.R; ++m) {
+      for (int j = 0; j < ng; ++j) {
+        const float* tp = tot + (m * ng + j) * 64;
+        _mm512_storeu_ps(t.c + m * t.ldc + (g0 + j) * 16,
+                         reduce_quads(_mm512_load_ps(tp), _mm512_load_ps(tp + 16),
+                                      _mm512_load_ps(tp + 32), _mm512_load_ps(tp + 48)));
+      }
+    }
   }
 }
 
@@ -375,8 +443,16 @@ FP8MOE_BF16_TARGET void stream_tile(const GemmTile& t, bool scaled, int64_t kchu
       return stream_groups<2, 4>(t, ap, sa, kchunk, scaled, L);
     case 3:
       return stream_groups<3, 2>(t, ap, sa, kchunk, scaled, L);
-    default:
+    case 4:
       return stream_groups<4, 2>(t, ap, sa, kchunk, scaled, L);
+    case 5:
+      return stream_groups<5, 1>(t, ap, sa, kchunk, scaled, L);
+    case 6:
+      return stream_groups<6, 1>(t, ap, sa, kchunk, scaled, L);
+    case 7:
+      return stream_groups<7, 1>(t, ap, sa, kchunk, scaled, L);
+    default:
+      return stream_groups<8, 1>(t, ap, sa, kchunk, scaled, L);
   }
 }
 
@@ -384,35 +460,10 @@ FP8MOE_BF16_TARGET void gemm_a_bf16(const GemmTile& t) {
   const Luts L = load_luts();
   const bool scaled = t.w_scale != nullptr || t.a_scale != nullptr;
   const int64_t kchunk = scaled ? t.kblock : kChunkNoScale;
-  const int64_t nkb = (t.K + kchunk - 1) / kchunk;
-  const TileCtx x{t, static_cast<const uint16_t*>(t.a), scaled};
-  const int ngroups = t.NT / 16;
-  alignas(64) float sw[kPanelRows];
-
   if (t.R <= kInlineMaxRows) {
     stream_tile(t, scaled, kchunk, L);
-    return;
-  }
-
-  // Panel: decode 64 rows x one K-block once, reuse it for every activation row.
-  __m512i* panel = static_cast<__m512i*>(t.scratch);
-  for (int g0 = 0; g0 < ngroups; g0 += kPanelRows / 16) {
-    const int ng = std::min(kPanelRows / 16, ngroups - g0);
-    for (int64_t kb = 0; kb < nkb; ++kb) {
-      const int64_t k0 = kb * kchunk;
-      const int64_t kl = std::min(kchunk, t.K - k0);
-      const int64_t group_zmm = kl / 16 * 8;  // zmm per 16-row group
-      for (int j = 0; j < ng; ++j) {
-        build_panel_group(t.w + t.w_groups[g0 + j] * t.K + k0, t.K, kl, L, panel + j * group_zmm);
-        if (scaled && t.w_scale) load_group_scales(t, g0 + j, kb, sw + 16 * j);
-      }
-      for (int m0 = 0; m0 < t.R; m0 += kPanelMr) {
-        const int mr = std::min(kPanelMr, t.R - m0);
-        for (int j = 0; j < ng; ++j) {
-          run_rows_any<true>(x, m0, mr, g0 + j, panel + j * group_zmm, k0, kl, kb, sw + 16 * j, L);
-        }
-      }
-    }
+  } else {
+    panel_tile(t, scaled, kchunk, L);
   }
 }
 
