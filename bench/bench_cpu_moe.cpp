@@ -319,15 +319,17 @@ struct Result {
   std::string shape, kernel, isa;
   int64_t M = 0, E = 0, touched = 0;
   double seconds = 0, bytes = 0, flops = 0;
-  double probe_read_gbs = 0, probe_peak_gflops = 0;  // ceilings probed right before the case
+  double probe_read_gbs = 0, probe_peak_gflops = 0;  // medians of the interleaved probes
+  double bw_ratio = 0, peak_ratio = 0;               // medians of the per-call ratios
 };
 
-// Short ceiling probes run right before each case, so that every ratio compares numbers taken
-// under the same load (the machine is shared): the best of 3 reads of a 256 MiB buffer with all
-// threads, and the peak loop of the level in use (BF16 dot or f32 FMA) for ~20 ms.
+// Short ceiling probes interleaved with the timed calls, so that every ratio compares numbers
+// taken under the same load (the machine is shared): before each call, one read of a 128 MiB
+// buffer with all threads (which also evicts the weights from the caches, so every call streams
+// them from memory) and ~3 ms of the peak loop of the level in use (BF16 dot or f32 FMA).
 struct Probe {
   std::unique_ptr<uint8_t, decltype(&std::free)> buf{nullptr, &std::free};
-  std::size_t n = std::size_t{256} << 20;
+  std::size_t n = std::size_t{128} << 20;
 };
 Probe g_probe;
 
@@ -340,7 +342,7 @@ double probe_read_gbs() {
     }
   }
   double best = 0;
-  for (int rep = 0; rep < 3; ++rep) {
+  for (int rep = 0; rep < 1; ++rep) {
     const auto t0 = Clock::now();
     uint64_t acc = 0;
 #pragma omp parallel reduction(^ : acc)
@@ -360,7 +362,7 @@ double probe_peak_gflops(bool bf16) {
   const int threads = omp_get_max_threads();
   const int64_t iters = 1'000'000;
   double best = 0;
-  for (int rep = 0; rep < 3; ++rep) {
+  for (int rep = 0; rep < 1; ++rep) {
     const auto t0 = Clock::now();
     if (bf16) {
 #pragma omp parallel num_threads(threads)
@@ -397,26 +399,34 @@ void run_layer(benchmark::State& state, const Shape& s, int64_t M, bool w8a8,
       &std::free);
   impl.run(a, ws.get());  // warm-up (page faults of the workspace)
   const bool bf16_level = cpu::active_isa() == cpu::Isa::kAvx512Bf16;
-  const double probe_bw = probe_read_gbs();
-  const double probe_peak = probe_peak_gflops(bf16_level);
-  std::vector<double> times;
+  const int64_t N1 = 2 * s.I;
+  const double bytes = static_cast<double>(p.touched) * (N1 * s.H + s.H * s.I);
+  const double flops = 2.0 * M * s.topk * (N1 * s.H + s.H * s.I);
+  std::vector<double> times, bws, peaks, bw_ratio, peak_ratio;
   for (auto _ : state) {
+    const double bw = probe_read_gbs();
+    const double peak = probe_peak_gflops(bf16_level);
     const auto t0 = Clock::now();
     impl.run(a, ws.get());
     const double dt = std::chrono::duration<double>(Clock::now() - t0).count();
     state.SetIterationTime(dt);
     times.push_back(dt);
+    bws.push_back(bw);
+    peaks.push_back(peak);
+    bw_ratio.push_back(bytes / dt / 1e9 / bw);
+    peak_ratio.push_back(flops / dt / 1e9 / peak);
   }
   const double t = median(times);
-  const int64_t N1 = 2 * s.I;
-  const double bytes = static_cast<double>(p.touched) * (N1 * s.H + s.H * s.I);
-  const double flops = 2.0 * M * s.topk * (N1 * s.H + s.H * s.I);
+  const double probe_bw = median(bws), probe_peak = median(peaks);
   state.counters["ms"] = t * 1e3;
   state.counters["GB/s"] = bytes / t / 1e9;
   state.counters["GFLOP/s"] = flops / t / 1e9;
+  state.counters["%BW"] = 100 * median(bw_ratio);
+  state.counters["%peak"] = 100 * median(peak_ratio);
   state.SetLabel(fmt::format("{} experts touched", p.touched));
   g_results.push_back({s.name, impl.name, std::string(cpu::isa_name(cpu::active_isa())), M, s.E,
-                       p.touched, t, bytes, flops, probe_bw, probe_peak});
+                       p.touched, t, bytes, flops, probe_bw, probe_peak, median(bw_ratio),
+                       median(peak_ratio)});
 }
 
 // The float64 reference on the same problem (small M only: it dequantises every touched expert
@@ -505,8 +515,10 @@ void print_table() {
   fmt::print("\n## Summary (medians; {} threads)\n\n", omp_get_max_threads());
   fmt::print(
       "Ceilings at the start of the run: read {:.1f} GB/s ({:.1f} GB/s one thread), f32 FMA {:.0f} "
-      "GFLOP/s, BF16 dot {:.0f} GFLOP/s. Each case's ratios use the probes taken right before it "
-      "(read BW, and the peak of the level in use), shown in the last columns.\n\n",
+      "GFLOP/s, BF16 dot {:.0f} GFLOP/s. Each call is preceded by a read-bandwidth probe (which "
+      "also "
+      "evicts the caches) and a peak-loop probe of the level in use; the % columns are medians of "
+      "the per-call ratios, the probe columns the medians of the probes.\n\n",
       c.read_gbs, c.read_gbs_1t, c.fma_gflops, c.bf16dot_gflops);
   fmt::print(
       "| shape (E used/real, H, I, topk) | kernel | level | M | experts touched | ms/layer | GB/s "
@@ -528,8 +540,8 @@ void print_table() {
         "{:.0f}% "
         "| {} | {:.1f} | {:.0f} |\n",
         r.shape, r.E, s ? s->E_real : 0, s ? s->H : 0, s ? s->I : 0, s ? s->topk : 0, r.kernel,
-        r.isa, r.M, r.touched, r.seconds * 1e3, gbs, 100 * gbs / r.probe_read_gbs, gf,
-        100 * gf / r.probe_peak_gflops, vs, r.probe_read_gbs, r.probe_peak_gflops);
+        r.isa, r.M, r.touched, r.seconds * 1e3, gbs, 100 * r.bw_ratio, gf, 100 * r.peak_ratio, vs,
+        r.probe_read_gbs, r.probe_peak_gflops);
   }
 }
 
