@@ -337,6 +337,48 @@ FP8MOE_BF16_TARGET void permute_a_row(const uint16_t* a, int64_t K, uint16_t* ou
 // Padded length of a permuted row: K rounded up to 64.
 inline int64_t permuted_len(int64_t K) { return (K + 63) / 64 * 64; }
 
+// One 64-k chunk of RG rows (full) into the accumulators.
+template <int MR, int RG>
+FP8MOE_BF16_TARGET inline void stream_full(const uint8_t* w, int64_t K, int64_t k,
+                                           const uint16_t* const* ap, const Luts& L,
+                                           __m512 (&acc)[MR][RG]) {
+#pragma GCC unroll 8
+  for (int i = 0; i < RG; ++i) {
+    const uint8_t* p = w + i * K + k;
+    _mm_prefetch(reinterpret_cast<const char*>(p + kPrefetchDistance), _MM_HINT_T0);
+    __m512i x0, x1;
+    decode64(_mm512_loadu_si512(p), L, x0, x1);
+#pragma GCC unroll 8
+    for (int m = 0; m < MR; ++m) {
+      acc[m][i] = dp(acc[m][i], _mm512_load_si512(ap[m] + k), x0);
+      acc[m][i] = dp(acc[m][i], _mm512_load_si512(ap[m] + k + 32), x1);
+    }
+  }
+}
+
+// A 32-k half chunk (K % 64 == 32, or 32-long K-blocks) at k: the upper codes are zero and the
+// activations' matching half is moved to blocks 0-1 with zeros above (kSecond: k % 64 == 32).
+template <int MR, int RG, bool kSecond>
+FP8MOE_BF16_TARGET inline void stream_half(const uint8_t* w, int64_t K, int64_t k,
+                                           const uint16_t* const* ap, const Luts& L,
+                                           __m512 (&acc)[MR][RG]) {
+  constexpr int kImm = kSecond ? 0x0E : 0x04;
+  const __m512i z = _mm512_setzero_si512();
+  for (int i = 0; i < RG; ++i) {
+    const __m512i v =
+        _mm512_zextsi256_si512(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(w + i * K + k)));
+    __m512i x0, x1;
+    decode64(v, L, x0, x1);
+    for (int m = 0; m < MR; ++m) {
+      const uint16_t* a = ap[m] + (k / 64) * 64;
+      const __m512i a0 = _mm512_shuffle_i32x4(_mm512_load_si512(a), z, kImm);
+      const __m512i a1 = _mm512_shuffle_i32x4(_mm512_load_si512(a + 32), z, kImm);
+      acc[m][i] = dp(acc[m][i], a0, x0);
+      acc[m][i] = dp(acc[m][i], a1, x1);
+    }
+  }
+}
+
 // MR activation rows (permuted, `ap[m]`) x RG consecutive weight rows starting at `w` (K bytes
 // apart) over all of K; writes the MR x RG sums to c[m * ldc + i].
 template <int MR, int RG>
@@ -359,55 +401,18 @@ FP8MOE_BF16_TARGET __attribute__((noinline)) void stream_rows(
     for (int m = 0; m < MR; ++m) {
       for (int i = 0; i < RG; ++i) acc[m][i] = _mm512_setzero_ps();
     }
-    for (int64_t k = k0; k < k1;) {
-      if (k % 64 == 0 && k1 - k >= 64) {
-        // A full 64-k chunk.
-        const uint16_t* a = nullptr;
-        for (int i = 0; i < RG; ++i) {
-          __m512i x0, x1;
-          _mm_prefetch(reinterpret_cast<const char*>(w + i * t.K + k + kPrefetchDistance),
-                       _MM_HINT_T0);
-          decode64(_mm512_loadu_si512(w + i * t.K + k), L, x0, x1);
-          for (int m = 0; m < MR; ++m) {
-            a = ap[m] + k;
-            acc[m][i] = dp(acc[m][i], _mm512_load_si512(a), x0);
-            acc[m][i] = dp(acc[m][i], _mm512_load_si512(a + 32), x1);
-          }
-        }
-        k += 64;
-      } else {
-        // A 32-k half chunk (K % 64 == 32, or 32-long K-blocks): the upper codes are zero and the
-        // activations' matching half is moved to blocks 0-1 with zeros above.
-        constexpr int imm_first = 0x04, imm_second = 0x0E;
-        const bool second = k % 64 != 0;
-        for (int i = 0; i < RG; ++i) {
-          const __m512i v = _mm512_zextsi256_si512(
-              _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w + i * t.K + k)));
-          __m512i x0, x1;
-          decode64(v, L, x0, x1);
-          for (int m = 0; m < MR; ++m) {
-            const uint16_t* a = ap[m] + (k / 64) * 64;
-            const __m512i z = _mm512_setzero_si512();
-            const __m512i l0 = _mm512_load_si512(a), l1 = _mm512_load_si512(a + 32);
-            const __m512i a0 = second ? _mm512_shuffle_i32x4(l0, z, imm_second)
-                                      : _mm512_shuffle_i32x4(l0, z, imm_first);
-            const __m512i a1 = second ? _mm512_shuffle_i32x4(l1, z, imm_second)
-                                      : _mm512_shuffle_i32x4(l1, z, imm_first);
-            acc[m][i] = dp(acc[m][i], a0, x0);
-            acc[m][i] = dp(acc[m][i], a1, x1);
-          }
-        }
-        k += 32;
-      }
+    int64_t k = k0;
+    if (k % 64 != 0) {  // a block starting mid-chunk (32-long blocks)
+      stream_half<MR, RG, true>(w, t.K, k, ap, L, acc);
+      k += 32;
     }
+    for (; k + 64 <= k1; k += 64) stream_full<MR, RG>(w, t.K, k, ap, L, acc);
+    if (k < k1) stream_half<MR, RG, false>(w, t.K, k, ap, L, acc);
+    // Fold with the block scale (1 without scales: an exact add).
     for (int m = 0; m < MR; ++m) {
+      const float sam = (scaled && t.a_scale) ? sa[m][kb] : 1.0f;
       for (int i = 0; i < RG; ++i) {
-        if (!scaled) {
-          tot[m][i] = _mm512_add_ps(tot[m][i], acc[m][i]);
-          continue;
-        }
-        float s = t.a_scale ? sa[m][kb] : 1.0f;
-        if (t.w_scale) s *= sw[i][kb];
+        const float s = (scaled && sw[i]) ? sam * sw[i][kb] : sam;
         tot[m][i] = _mm512_fmadd_ps(acc[m][i], _mm512_set1_ps(s), tot[m][i]);
       }
     }
