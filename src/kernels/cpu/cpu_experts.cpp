@@ -669,9 +669,45 @@ void run_impl(const FusedMoeArgs& a, void* workspace, bool w8a8) {
   const bool x_tensor_amax = p.w8a8 && sc.act == ActQuantKind::kPerTensorDynamic;
   const bool h_phase = p.w8a8 && p.ascale != AScale::kPerKBlock;
 
-  // One parallel region; the phases are separated by the implicit barriers of the worksharing
-  // constructs. Nothing inside may throw out of the region: each phase captures its first error,
-  // and later phases skip their work once one is set.
+  // 1. Routing (when the call carries logits): one parallel loop over tokens.
+  if (p.route_inside) {
+#pragma omp parallel for num_threads(nthreads) schedule(static)
+    for (int64_t t = 0; t < p.M; ++t) {
+      try {
+        route_token(r, t, reinterpret_cast<float*>(r.thread_base(omp_get_thread_num()) + p.t_f),
+                    bias);
+      } catch (...) {
+        err.capture();
+      }
+    }
+    err.rethrow();
+  }
+
+  // 2. Group the pairs by local expert and list the work items: O(M * topk + E * tiles), on the
+  // calling thread (no barrier for the workers to wait at).
+  V = moe_align_cpu(r.ids, p.slots,
+                    a.expert_map.defined() ? a.expert_map.ptr<const int32_t>() : nullptr,
+                    p.E_global, p.E, r.counts, r.offsets, r.sorted, r.pos);
+  for (int64_t e = 0; e < p.E; ++e) {
+    const int64_t nrb = cdiv(r.offsets[e + 1] - r.offsets[e], kRowBlock);
+    for (int64_t ht = 0; ht < p.nht; ++ht) {
+      for (int64_t rb = 0; rb < nrb; ++rb) {
+        r.items1[r.n_items1++] =
+            Item{static_cast<int32_t>(e), static_cast<int32_t>(ht), static_cast<int32_t>(rb), 0};
+      }
+    }
+    for (int64_t nt = 0; nt < p.nt2; ++nt) {
+      for (int64_t rb = 0; rb < nrb; ++rb) {
+        r.items2[r.n_items2++] =
+            Item{static_cast<int32_t>(e), static_cast<int32_t>(nt), static_cast<int32_t>(rb), 0};
+      }
+    }
+  }
+
+  // One parallel region for the rest; the phases are separated by the implicit barriers of the
+  // worksharing constructs (only where a phase needs the previous one's results). Nothing inside
+  // may throw out of the region: each phase captures its first error, and later phases skip
+  // their work once one is set.
 #pragma omp parallel num_threads(nthreads)
   {
     const int tid = omp_get_thread_num();
@@ -686,35 +722,6 @@ void run_impl(const FusedMoeArgs& a, void* workspace, bool w8a8) {
         err.capture();
       }
     };
-
-    // 1. Routing (when the call carries logits).
-    if (p.route_inside) {
-#pragma omp for schedule(static)
-      for (int64_t t = 0; t < p.M; ++t) guarded([&] { route_token(r, t, tf, bias); });
-    }
-
-    // 2. Group the pairs by local expert and list the work items (one thread: O(M * topk)).
-#pragma omp single
-    guarded([&] {
-      V = moe_align_cpu(r.ids, p.slots,
-                        a.expert_map.defined() ? a.expert_map.ptr<const int32_t>() : nullptr,
-                        p.E_global, p.E, r.counts, r.offsets, r.sorted, r.pos);
-      for (int64_t e = 0; e < p.E; ++e) {
-        const int64_t nrb = cdiv(r.offsets[e + 1] - r.offsets[e], kRowBlock);
-        for (int64_t ht = 0; ht < p.nht; ++ht) {
-          for (int64_t rb = 0; rb < nrb; ++rb) {
-            r.items1[r.n_items1++] = Item{static_cast<int32_t>(e), static_cast<int32_t>(ht),
-                                          static_cast<int32_t>(rb), 0};
-          }
-        }
-        for (int64_t nt = 0; nt < p.nt2; ++nt) {
-          for (int64_t rb = 0; rb < nrb; ++rb) {
-            r.items2[r.n_items2++] = Item{static_cast<int32_t>(e), static_cast<int32_t>(nt),
-                                          static_cast<int32_t>(rb), 0};
-          }
-        }
-      }
-    });
 
     // 3. The GEMM1 operand: quantise (W8A8) or weight (W8A16) x once per token. A dynamic
     // per-tensor scale needs max|x| first (a max: exact in any order).
@@ -788,8 +795,8 @@ void run_impl(const FusedMoeArgs& a, void* workspace, bool w8a8) {
 #pragma omp for schedule(dynamic, 1)
     for (int64_t i = 0; i < r.n_items2; ++i) guarded([&] { gemm2_item(r, r.items2[i], tid); });
 
-      // 7. The sum over the top-k slots.
-#pragma omp for schedule(static)
+      // 7. The sum over the top-k slots (the end of the region is the barrier).
+#pragma omp for schedule(static) nowait
     for (int64_t t = 0; t < p.M; ++t) guarded([&] { reduce_token(r, t, tf); });
   }
   err.rethrow();
