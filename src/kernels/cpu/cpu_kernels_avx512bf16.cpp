@@ -43,10 +43,11 @@
 namespace fp8moe::cpu {
 namespace {
 
-constexpr int kPanelRows = 64;               // weight rows per decoded panel
-constexpr int kPanelMr = 6;                  // activation rows per panel microkernel
-constexpr int kInlineMaxRows = 4;            // up to this many activation rows: stream
-constexpr int64_t kPrefetchDistance = 2048;  // bytes ahead on each streamed weight row
+constexpr int kPanelRows = 64;                // weight rows per decoded panel
+constexpr int kPanelMr = 6;                   // activation rows per panel microkernel
+constexpr int kInlineMaxRows = 4;             // up to this many activation rows: stream
+constexpr int64_t kPrefetchDistance = 4096;   // bytes ahead on each streamed weight row
+constexpr int64_t kPrefetchBlockMax = 16384;  // up to this block size, prefetch one block ahead
 
 // bf16 bits of the 128 e4m3fn magnitudes (0x00..0x7F), split into low and high bytes. Built from
 // the shared scalar codec; every value is exact in bf16 (4 significant bits), 0x7F is NaN.
@@ -339,13 +340,13 @@ inline int64_t permuted_len(int64_t K) { return (K + 63) / 64 * 64; }
 
 // One 64-k chunk of RG rows (full) into the accumulators.
 template <int MR, int RG>
-FP8MOE_BF16_TARGET inline void stream_full(const uint8_t* w, int64_t K, int64_t k,
+FP8MOE_BF16_TARGET inline void stream_full(const uint8_t* w, int64_t K, int64_t k, int64_t prefetch,
                                            const uint16_t* const* ap, const Luts& L,
                                            __m512 (&acc)[MR][RG]) {
 #pragma GCC unroll 8
   for (int i = 0; i < RG; ++i) {
     const uint8_t* p = w + i * K + k;
-    _mm_prefetch(reinterpret_cast<const char*>(p + kPrefetchDistance), _MM_HINT_T0);
+    _mm_prefetch(reinterpret_cast<const char*>(p + prefetch), _MM_HINT_T1);
     __m512i x0, x1;
     decode64(_mm512_loadu_si512(p), L, x0, x1);
 #pragma GCC unroll 8
@@ -391,9 +392,16 @@ FP8MOE_BF16_TARGET __attribute__((noinline)) void stream_rows(
   }
   const float* sw[RG];  // each row's block-scale row (no division in the K loop)
   for (int i = 0; i < RG; ++i) {
-    sw[i] = t.w_scale ? t.w_scale + ((row0 + i) / t.bn) * t.w_scale_ld : nullptr;
+    sw[i] = (scaled && t.w_scale) ? t.w_scale + ((row0 + i) / t.bn) * t.w_scale_ld : nullptr;
   }
+  bool uniform = true;  // all RG rows in one scale block (the usual case)
+  for (int i = 1; i < RG; ++i) uniform = uniform && sw[i] == sw[0];
   const int64_t nkb = (t.K + kchunk - 1) / kchunk;
+  // Software prefetch distance. The RG rows are consecutive, so this call reads one contiguous
+  // block of RG * K bytes, row-interleaved. Short rows (a small block): fetch the same position
+  // of the next block, i.e. exactly one call ahead; long rows: a fixed distance along the row.
+  const int64_t block = RG * t.K;
+  const int64_t prefetch = block <= kPrefetchBlockMax ? block : kPrefetchDistance;
   for (int64_t kb = 0; kb < nkb; ++kb) {
     const int64_t k0 = kb * kchunk;
     const int64_t k1 = std::min(t.K, k0 + kchunk);
@@ -406,19 +414,34 @@ FP8MOE_BF16_TARGET __attribute__((noinline)) void stream_rows(
       stream_half<MR, RG, true>(w, t.K, k, ap, L, acc);
       k += 32;
     }
-    for (; k + 64 <= k1; k += 64) stream_full<MR, RG>(w, t.K, k, ap, L, acc);
+    for (; k + 64 <= k1; k += 64) stream_full<MR, RG>(w, t.K, k, prefetch, ap, L, acc);
     if (k < k1) stream_half<MR, RG, false>(w, t.K, k, ap, L, acc);
     // Fold with the block scale (1 without scales: an exact add).
     for (int m = 0; m < MR; ++m) {
       const float sam = (scaled && t.a_scale) ? sa[m][kb] : 1.0f;
-      for (int i = 0; i < RG; ++i) {
-        const float s = (scaled && sw[i]) ? sam * sw[i][kb] : sam;
-        tot[m][i] = _mm512_fmadd_ps(acc[m][i], _mm512_set1_ps(s), tot[m][i]);
+      if (uniform) {
+        const __m512 s = _mm512_set1_ps(sw[0] ? sam * sw[0][kb] : sam);
+        for (int i = 0; i < RG; ++i) tot[m][i] = _mm512_fmadd_ps(acc[m][i], s, tot[m][i]);
+      } else {
+        for (int i = 0; i < RG; ++i) {
+          const float s = sw[i] ? sam * sw[i][kb] : sam;
+          tot[m][i] = _mm512_fmadd_ps(acc[m][i], _mm512_set1_ps(s), tot[m][i]);
+        }
       }
     }
   }
+  // Lane sums: four accumulators at a time through the quad reduction (fixed order).
   for (int m = 0; m < MR; ++m) {
-    for (int i = 0; i < RG; ++i) c[m * t.ldc + i] = _mm512_reduce_add_ps(tot[m][i]);
+    if constexpr (RG % 4 == 0) {
+      for (int i = 0; i < RG; i += 4) {
+        __m512 v = reduce_quads(tot[m][i], tot[m][i + 1], tot[m][i + 2], tot[m][i + 3]);
+        v = _mm512_add_ps(v, _mm512_shuffle_f32x4(v, v, 0x4E));
+        v = _mm512_add_ps(v, _mm512_shuffle_f32x4(v, v, 0xB1));
+        _mm_storeu_ps(c + m * t.ldc + i, _mm512_castps512_ps128(v));
+      }
+    } else {
+      for (int i = 0; i < RG; ++i) c[m * t.ldc + i] = _mm512_reduce_add_ps(tot[m][i]);
+    }
   }
 }
 
