@@ -46,7 +46,7 @@ namespace {
 constexpr int kPanelRows = 64;                // weight rows per decoded panel
 constexpr int kPanelMr = 6;                   // activation rows per panel microkernel
 constexpr int kInlineMaxRows = 4;             // up to this many activation rows: stream
-constexpr int64_t kPrefetchDistance = 4096;   // bytes ahead on each streamed weight row
+constexpr int64_t kPrefetchDistance = 16384;   // bytes ahead on each streamed weight row
 constexpr int64_t kPrefetchBlockMax = 16384;  // up to this block size, prefetch one block ahead
 
 // bf16 bits of the 128 e4m3fn magnitudes (0x00..0x7F), split into low and high bytes. Built from
