@@ -12,6 +12,7 @@
 
 #include "fp8moe/numerics.hpp"
 #include "kernels/cpu/cpu_kernels.hpp"
+#include "numerics/quant.hpp"
 
 namespace fp8moe::cpu {
 namespace {
@@ -73,6 +74,56 @@ TEST(CpuKernelsBf16, DecodeAll256CodesToBf16MatchesTheScalarCodec) {
           << isa_name(isa) << " code 0x" << std::hex << i;
     }
   }
+}
+
+// The SIMD per-group activation quantiser (levels that have one) against the shared scalar
+// numerics::quantize_group_fp8 + the e4m3 decode: scales and operands bit for bit, on random
+// groups and on the edge cases (NaN, +-inf, +-0, float subnormals, e4m3 subnormals, rounding
+// midpoints, saturation), with and without UE8M0 and the fused path's scale floor.
+TEST(CpuKernelsQuant, GroupQuantiserMatchesTheScalarQuantiserBitForBit) {
+  std::mt19937 rng(7);
+  std::normal_distribution<float> nd(0.0f, 1.0f);
+  std::uniform_int_distribution<int> pick(0, 9);
+  const float specials[] = {std::nanf(""), -std::nanf(""), INFINITY, -INFINITY, 0.0f,    -0.0f,
+                            1e-41f,        -1e-41f,        0x1p-9f,  0x1.8p-9f, 0x1p-7f, 0x1.1p-6f};
+  int checked = 0;
+  for (Isa isa : supported_isas()) {
+    const KernelTable& k = kernel_table(isa);
+    if (k.quantize_group_bf16 == nullptr) continue;
+    for (int trial = 0; trial < 400; ++trial) {
+      const int64_t n = 32 << (trial % 3);  // 32, 64, 128
+      std::vector<float> x(n);
+      const float mag = std::ldexp(1.0f, (trial % 41) - 20);
+      for (auto& v : x) {
+        const int c = pick(rng);
+        if (c == 0 && trial % 4 == 0) {
+          v = specials[rng() % (sizeof(specials) / sizeof(specials[0]))];
+        } else if (c == 1) {
+          // A value on an e4m3 rounding midpoint once scaled (half a step above a code).
+          v = mag * (1.0f + 1.0f / 16.0f) * static_cast<float>(1 + rng() % 7);
+        } else {
+          v = nd(rng) * mag;
+        }
+      }
+      const bool ue8m0 = trial % 5 == 1;
+      const float floor = trial % 7 == 3 ? numerics::min_scaling_factor(DType::kF8E4M3FN) : 0.0f;
+      std::vector<uint8_t> q(n);
+      const float want_s =
+          numerics::quantize_group_fp8(x.data(), n, q.data(), DType::kF8E4M3FN, ue8m0, floor);
+      std::vector<uint16_t> got(n, 0xDEAD);
+      const float got_s = k.quantize_group_bf16(x.data(), n, got.data(), ue8m0, floor);
+      ASSERT_EQ(std::bit_cast<uint32_t>(got_s), std::bit_cast<uint32_t>(want_s))
+          << isa_name(isa) << " trial " << trial;
+      for (int64_t i = 0; i < n; ++i) {
+        const uint16_t want =
+            static_cast<uint16_t>(std::bit_cast<uint32_t>(numerics::e4m3fn_to_float(q[i])) >> 16);
+        ASSERT_EQ(got[i], want) << isa_name(isa) << " trial " << trial << " x=" << x[i] << " scale "
+                                << want_s << " code 0x" << std::hex << int(q[i]);
+      }
+      ++checked;
+    }
+  }
+  if (checked == 0) GTEST_SKIP() << "no level with a SIMD quantiser on this machine";
 }
 
 // A random GEMM tile problem and its float64 answer.

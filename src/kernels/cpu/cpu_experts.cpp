@@ -295,6 +295,8 @@ struct Run {
   const Plan& p;
   char* ws;
   GemmTileFn gemm = nullptr;
+  // SIMD per-group quantiser of the active level (bit-exact with numerics), or nullptr.
+  float (*quant_group)(const float*, int64_t, uint16_t*, bool, float) = nullptr;
   int32_t* ids = nullptr;  // (slots) global expert ids: the caller's, or routed into the workspace
   float* wts = nullptr;
   int32_t* counts = nullptr;
@@ -366,6 +368,13 @@ void prepare_a1_row(Run& r, int64_t t, float* xf, uint8_t* q, float tensor_scale
   uint16_t* out = static_cast<uint16_t*>(r.a1) + t * p.H;
   switch (p.ascale) {
     case AScale::kPerKBlock:
+      if (r.quant_group) {  // straight to bf16 operands
+        for (int64_t g = 0; g < p.H / p.gk; ++g) {
+          r.sa1[t * p.sa1_ld + g] =
+              r.quant_group(xf + g * p.gk, p.gk, out + g * p.gk, sc.ue8m0_scales, 0.0f);
+        }
+        return;
+      }
       for (int64_t g = 0; g < p.H / p.gk; ++g) {
         r.sa1[t * p.sa1_ld + g] =
             num::quantize_group_fp8(xf + g * p.gk, p.gk, q + g * p.gk, sc.fp8, sc.ue8m0_scales);
@@ -478,11 +487,18 @@ void gemm1_item(Run& r, const Item& it, int tid) {
     } else if (p.ascale == AScale::kPerKBlock) {
       const float floor = sc.fuse_silu_quant ? num::min_scaling_factor(sc.fp8) : 0.0f;
       uint16_t* out = static_cast<uint16_t*>(r.a2) + pos * p.I + c0;
-      for (int64_t g0 = 0; g0 < p.HT; g0 += p.gk) {
-        r.sa2[pos * p.sa2_ld + (c0 + g0) / p.gk] =
-            num::quantize_group_fp8(h + g0, p.gk, q + g0, sc.fp8, sc.ue8m0_scales, floor);
+      if (r.quant_group) {
+        for (int64_t g0 = 0; g0 < p.HT; g0 += p.gk) {
+          r.sa2[pos * p.sa2_ld + (c0 + g0) / p.gk] =
+              r.quant_group(h + g0, p.gk, out + g0, sc.ue8m0_scales, floor);
+        }
+      } else {
+        for (int64_t g0 = 0; g0 < p.HT; g0 += p.gk) {
+          r.sa2[pos * p.sa2_ld + (c0 + g0) / p.gk] =
+              num::quantize_group_fp8(h + g0, p.gk, q + g0, sc.fp8, sc.ue8m0_scales, floor);
+        }
+        codes_to_operand(q, p.HT, out);
       }
-      codes_to_operand(q, p.HT, out);
     } else {
       std::memcpy(r.hval + pos * p.I + c0, h, p.HT * sizeof(float));
     }
@@ -628,6 +644,7 @@ void run_impl(const FusedMoeArgs& a, void* workspace, bool w8a8) {
 
   Run r{a, p, ws};
   r.gemm = pick_gemm(p.a_bf16);
+  r.quant_group = kernel_table(active_isa()).quantize_group_bf16;
   if (r.gemm == nullptr) throw RuntimeError("no CPU GEMM kernel for this operand type");
   if (p.route_inside) {
     r.ids = reinterpret_cast<int32_t*>(ws + p.o_ids);

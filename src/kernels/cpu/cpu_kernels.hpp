@@ -101,6 +101,11 @@ struct KernelTable {
   void (*decode_e4m3_to_bf16)(const uint8_t* in, uint16_t* out, int64_t n) = nullptr;
   // e4m3fn codes -> f32 (n any), for tests.
   void (*decode_e4m3_to_f32)(const uint8_t* in, float* out, int64_t n) = nullptr;
+  // numerics::quantize_group_fp8 (e4m3fn) on n values (a multiple of 16), bit for bit, writing
+  // the quantised values as bf16 operands (decode(q), without the scale); returns the scale.
+  // nullptr: the driver uses the scalar quantiser.
+  float (*quantize_group_bf16)(const float* x, int64_t n, uint16_t* out, bool ue8m0,
+                               float min_scale) = nullptr;
 };
 
 // Kernel table of one level (only valid when isa_supported(isa)).

@@ -18,10 +18,12 @@
 #include <immintrin.h>
 
 #include <bit>
+#include <cmath>
 #include <cstring>
 
 #include "fp8moe/numerics.hpp"
 #include "kernels/cpu/cpu_kernels.hpp"
+#include "numerics/quant.hpp"
 
 #if defined(__GNUC__) && (defined(__x86_64__) || defined(_M_X64))
 #define FP8MOE_HAVE_AVX512BF16_KERNELS 1
@@ -46,7 +48,7 @@ namespace {
 constexpr int kPanelRows = 64;                // weight rows per decoded panel
 constexpr int kPanelMr = 6;                   // activation rows per panel microkernel
 constexpr int kInlineMaxRows = 4;             // up to this many activation rows: stream
-constexpr int64_t kPrefetchDistance = 16384;   // bytes ahead on each streamed weight row
+constexpr int64_t kPrefetchDistance = 16384;  // bytes ahead on each streamed weight row
 constexpr int64_t kPrefetchBlockMax = 16384;  // up to this block size, prefetch one block ahead
 
 // bf16 bits of the 128 e4m3fn magnitudes (0x00..0x7F), split into low and high bytes. Built from
@@ -499,6 +501,56 @@ FP8MOE_BF16_TARGET void gemm_a_bf16(const GemmTile& t) {
   }
 }
 
+// ---- activation quantisation ------------------------------------------------------------------
+// per_token_group_quant_fp8 on one group (numerics::quantize_group_fp8 with e4m3fn), bit for bit,
+// writing the dequantised codes as bf16 operands (decode(q) exactly, without the scale) instead of
+// the codes: amax (NaN ignored, floor 1e-10) / 448 [ceil to a power of two] [floor min_scale];
+// q = e4m3fn_RNE(clamp(x / s, +-448)) with clamp(NaN) = -448 as fminf(fmaxf(v, -448), 448).
+// Rounding on the bits: normal range |v| >= 2^-6: round the mantissa to 3 bits, ties to even
+// (the carry may step the exponent); below: v * 512 rounded to the nearest even integer, times
+// 2^-9. The value is exact in bf16 (4 significant bits), the sign is kept (-0 stays -0).
+FP8MOE_BF16_TARGET float quantize_group_bf16(const float* x, int64_t n, uint16_t* out, bool ue8m0,
+                                             float min_scale) {
+  const __m512 sign_mask = _mm512_castsi512_ps(_mm512_set1_epi32(0x7FFFFFFF));
+  __m512 m = _mm512_set1_ps(numerics::kGroupQuantEps);
+  for (int64_t i = 0; i < n; i += 16) {
+    // max(|x|, m) with m second: a NaN element leaves m unchanged (fmaxf semantics).
+    m = _mm512_max_ps(_mm512_and_ps(_mm512_loadu_ps(x + i), sign_mask), m);
+  }
+  float s = _mm512_reduce_max_ps(m) / numerics::kE4M3FnMax;
+  if (ue8m0) s = numerics::ceil_pow2(std::fmax(std::fabs(s), numerics::kGroupQuantEps));
+  s = std::fmax(s, min_scale);
+  const __m512 vs = _mm512_set1_ps(s);
+  const __m512 lo = _mm512_set1_ps(-numerics::kE4M3FnMax),
+               hi = _mm512_set1_ps(numerics::kE4M3FnMax);
+  const __m512i one = _mm512_set1_epi32(1), bias = _mm512_set1_epi32(0x7FFFF);
+  const __m512i keep = _mm512_set1_epi32(static_cast<int>(0xFFF00000u));
+  const __m512 min_normal = _mm512_set1_ps(0x1p-6f), k512 = _mm512_set1_ps(512.0f),
+               inv512 = _mm512_set1_ps(0x1p-9f);
+  for (int64_t i = 0; i < n; i += 16) {
+    __m512 v = _mm512_div_ps(_mm512_loadu_ps(x + i), vs);
+    v = _mm512_min_ps(_mm512_max_ps(v, lo), hi);  // NaN -> lo (second operand), as fmaxf
+    const __m512i bits = _mm512_castps_si512(v);
+    const __m512i sign = _mm512_andnot_si512(_mm512_castps_si512(sign_mask), bits);
+    const __m512 a = _mm512_and_ps(v, sign_mask);
+    // Normal: RNE to 3 mantissa bits.
+    const __m512i ab = _mm512_castps_si512(a);
+    const __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(ab, 20), one);
+    const __m512i rn = _mm512_and_si512(_mm512_add_epi32(ab, _mm512_add_epi32(bias, lsb)), keep);
+    // Subnormal: round(a * 512) to even, * 2^-9.
+    const __m512 rs = _mm512_mul_ps(
+        _mm512_roundscale_ps(_mm512_mul_ps(a, k512), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC),
+        inv512);
+    const __mmask16 small = _mm512_cmp_ps_mask(a, min_normal, _CMP_LT_OQ);
+    const __m512i mag = _mm512_mask_mov_epi32(rn, small, _mm512_castps_si512(rs));
+    const __m512i q = _mm512_or_si512(mag, sign);
+    // bf16 = the high half of each (exact) f32.
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + i),
+                        _mm512_cvtepi32_epi16(_mm512_srli_epi32(q, 16)));
+  }
+  return s;
+}
+
 // Test hook: decodes through decode_quad exactly as the inline kernel does.
 FP8MOE_BF16_TARGET void decode_e4m3_to_bf16(const uint8_t* in, uint16_t* out, int64_t n) {
   const Luts L = load_luts();
@@ -528,7 +580,8 @@ FP8MOE_BF16_TARGET void decode_e4m3_to_f32(const uint8_t* in, float* out, int64_
 }  // namespace
 
 const KernelTable* avx512bf16_kernel_table() {
-  static const KernelTable table{gemm_a_bf16, nullptr, decode_e4m3_to_bf16, decode_e4m3_to_f32};
+  static const KernelTable table{gemm_a_bf16, nullptr, decode_e4m3_to_bf16, decode_e4m3_to_f32,
+                                 quantize_group_bf16};
   return &table;
 }
 
