@@ -50,6 +50,7 @@ constexpr int kPanelMr = 6;                   // activation rows per panel micro
 constexpr int kInlineMaxRows = 4;             // up to this many activation rows: stream
 constexpr int64_t kPrefetchDistance = 16384;  // bytes ahead on each streamed weight row
 constexpr int64_t kPrefetchBlockMax = 16384;  // up to this block size, prefetch one block ahead
+constexpr int64_t kPanelPrefetch = 512;       // panel path: bytes ahead on each weight row
 
 // bf16 bits of the 128 e4m3fn magnitudes (0x00..0x7F), split into low and high bytes. Built from
 // the shared scalar codec; every value is exact in bf16 (4 significant bits), 0x7F is NaN.
@@ -178,6 +179,12 @@ FP8MOE_BF16_TARGET inline void microkernel_panel(const uint16_t* const* a, const
 FP8MOE_BF16_TARGET void build_panel_group(const uint8_t* w, int64_t K, int64_t kl, const Luts& L,
                                           __m512i* panel) {
   const int64_t K4 = 4 * K;
+  // The panel path walks 64 rows a K-block at a time: fetch each row a few blocks ahead (L2).
+  for (int i = 0; i < 16; ++i) {
+    for (int64_t k = 0; k < kl; k += 64) {
+      _mm_prefetch(reinterpret_cast<const char*>(w + i * K + k + kPanelPrefetch), _MM_HINT_T1);
+    }
+  }
   for (int64_t k = 0; k < kl; k += 16) {
     __m512i* p = panel + (k / 16) * 8;
     for (int q = 0; q < 4; ++q) {
