@@ -185,7 +185,30 @@ FP8MOE_BF16_TARGET void build_panel_group(const uint8_t* w, int64_t K, int64_t k
       _mm_prefetch(reinterpret_cast<const char*>(w + i * K + k + kPanelPrefetch), _MM_HINT_T1);
     }
   }
-  for (int64_t k = 0; k < kl; k += 16) {
+  int64_t k = 0;
+  // 64 k at a time: one 64-byte load per row and a 4x4 transpose of 128-bit blocks give the four
+  // quads of rows {q, q+4, q+8, q+12} for k .. k+63 (8 shuffles instead of 12 inserts).
+  for (; k + 64 <= kl; k += 64) {
+    __m512i* p = panel + (k / 16) * 8;
+    for (int q = 0; q < 4; ++q) {
+      const uint8_t* r = w + q * K + k;
+      const __m512i r0 = _mm512_loadu_si512(r), r1 = _mm512_loadu_si512(r + K4),
+                    r2 = _mm512_loadu_si512(r + 2 * K4), r3 = _mm512_loadu_si512(r + 3 * K4);
+      const __m512i t0 = _mm512_shuffle_i64x2(r0, r1, 0x44),
+                    t1 = _mm512_shuffle_i64x2(r0, r1, 0xEE);
+      const __m512i t2 = _mm512_shuffle_i64x2(r2, r3, 0x44),
+                    t3 = _mm512_shuffle_i64x2(r2, r3, 0xEE);
+      const __m512i v[4] = {_mm512_shuffle_i64x2(t0, t2, 0x88), _mm512_shuffle_i64x2(t0, t2, 0xDD),
+                            _mm512_shuffle_i64x2(t1, t3, 0x88), _mm512_shuffle_i64x2(t1, t3, 0xDD)};
+      for (int c = 0; c < 4; ++c) {  // c: the 16-k step within the 64
+        __m512i x0, x1;
+        decode64(v[c], L, x0, x1);
+        _mm512_store_si512(p + c * 8 + 2 * q, x0);
+        _mm512_store_si512(p + c * 8 + 2 * q + 1, x1);
+      }
+    }
+  }
+  for (; k < kl; k += 16) {  // 32-long K-blocks: 16 k at a time
     __m512i* p = panel + (k / 16) * 8;
     for (int q = 0; q < 4; ++q) {
       const uint8_t* r = w + q * K + k;
@@ -206,22 +229,33 @@ struct GroupScale {
   alignas(64) float quad[4][16];
 };
 
-inline void load_group_scale(const GemmTile& t, int g, int64_t kb, GroupScale& gs) {
+// The scale rows of the 16 rows of group g (row i's block-scale row; divisions once per tile).
+struct GroupRows {
+  const float* row[16];
+  bool uniform;
+};
+inline void group_scale_rows(const GemmTile& t, int g, GroupRows& gr) {
   const int64_t row0 = t.w_groups[g];
-  if (t.w_scale == nullptr) {
+  for (int i = 0; i < 16; ++i) {
+    gr.row[i] = t.w_scale ? t.w_scale + ((row0 + i) / t.bn) * t.w_scale_ld : nullptr;
+  }
+  gr.uniform = gr.row[0] == gr.row[15];
+}
+
+inline void load_group_scale(const GroupRows& gr, int64_t kb, GroupScale& gs) {
+  gs.uniform = gr.uniform;
+  if (gr.row[0] == nullptr) {
     gs.uniform = true;
     gs.s = 1.0f;
     return;
   }
-  const int64_t b0 = row0 / t.bn, b1 = (row0 + 15) / t.bn;
-  gs.uniform = b0 == b1;
   if (gs.uniform) {
-    gs.s = t.w_scale[b0 * t.w_scale_ld + kb];
+    gs.s = gr.row[0][kb];
     return;
   }
   for (int q = 0; q < 4; ++q) {
     for (int l = 0; l < 4; ++l) {
-      const float v = t.w_scale[((row0 + q + 4 * l) / t.bn) * t.w_scale_ld + kb];
+      const float v = gr.row[q + 4 * l][kb];
       for (int sl = 0; sl < 4; ++sl) gs.quad[q][4 * l + sl] = v;
     }
   }
@@ -289,15 +323,19 @@ FP8MOE_BF16_TARGET void panel_tile(const GemmTile& t, bool scaled, int64_t kchun
   float* tot =
       reinterpret_cast<float*>(static_cast<char*>(t.scratch) + kPanelRows * kMaxKBlock * 2);
   GroupScale gscale[kPanelRows / 16];
+  GroupRows grows[kPanelRows / 16];
   for (int g0 = 0; g0 < ngroups; g0 += kPanelRows / 16) {
     const int ng = std::min(kPanelRows / 16, ngroups - g0);
+    if (scaled) {
+      for (int j = 0; j < ng; ++j) group_scale_rows(t, g0 + j, grows[j]);
+    }
     for (int64_t kb = 0; kb < nkb; ++kb) {
       const int64_t k0 = kb * kchunk;
       const int64_t kl = std::min(kchunk, t.K - k0);
       const int64_t group_zmm = kl / 16 * 8;
       for (int j = 0; j < ng; ++j) {
         build_panel_group(t.w + t.w_groups[g0 + j] * t.K + k0, t.K, kl, L, panel + j * group_zmm);
-        if (scaled) load_group_scale(t, g0 + j, kb, gscale[j]);
+        if (scaled) load_group_scale(grows[j], kb, gscale[j]);
       }
       const PanelCtx x{t, static_cast<const uint16_t*>(t.a), scaled, panel, group_zmm, gscale, tot,
                        ng};
