@@ -71,12 +71,14 @@ HWY_NOINLINE void decode_panel(const uint8_t* w, int64_t K, int64_t kl, float* p
   }
 }
 
-// MR activation rows x kNr panel rows over one K-block (kl values), K in lanes; folds the lane
+// MR activation rows x kNr weight rows over one K-block (kl values), K in lanes; folds the lane
 // vectors into the running totals `tot` (lane layout, (MR, kNr, L) floats) with their scale.
-template <int MR, bool kBf16>
+// The weights come from the decoded panel (rows kl apart), or, kInline, are decoded from the
+// codes `w` (rows K apart) — when there are too few activation rows to amortise a panel.
+template <int MR, bool kBf16, bool kInline>
 HWY_NOINLINE void block_kernel(const GemmTile& t, const int64_t* aoff, const float* panel,
-                               int64_t kl, const float* scale, float* tot, int64_t tot_ld,
-                               bool first) {
+                               const uint8_t* w, int64_t kl, const float* scale, float* tot,
+                               int64_t tot_ld, bool first) {
   const DF df;
   const int64_t L = static_cast<int64_t>(hn::Lanes(df));
   hn::Vec<DF> acc[MR][kNr];
@@ -85,7 +87,9 @@ HWY_NOINLINE void block_kernel(const GemmTile& t, const int64_t* aoff, const flo
   }
   for (int64_t k = 0; k < kl; k += L) {
     hn::Vec<DF> b[kNr];
-    for (int n = 0; n < kNr; ++n) b[n] = hn::Load(df, panel + n * kl + k);
+    for (int n = 0; n < kNr; ++n) {
+      b[n] = kInline ? decode_f32(df, w + n * t.K + k) : hn::Load(df, panel + n * kl + k);
+    }
     for (int m = 0; m < MR; ++m) {
       const auto a = load_a<kBf16>(df, t.a, aoff[m] + k);
       for (int n = 0; n < kNr; ++n) acc[m][n] = hn::MulAdd(a, b[n], acc[m][n]);
@@ -117,7 +121,9 @@ void gemm_group(const GemmTile& t, int g, int64_t kchunk, int64_t nkb, bool scal
   for (int64_t kb = 0; kb < nkb; ++kb) {
     const int64_t k0 = kb * kchunk;
     const int64_t kl = std::min(kchunk, t.K - k0);
-    decode_panel(w + k0, t.K, kl, panel);
+    // One row block: decode while multiplying; several: decode the group's K-block once.
+    const bool inline_decode = t.R <= kMr;
+    if (!inline_decode) decode_panel(w + k0, t.K, kl, panel);
     for (int m0 = 0; m0 < t.R; m0 += kMr) {
       const int mr = std::min(kMr, t.R - m0);
       int64_t aoff[kMr];
@@ -136,20 +142,42 @@ void gemm_group(const GemmTile& t, int g, int64_t kchunk, int64_t nkb, bool scal
         }
         float* tp = tot + m0 * tot_ld + n0 * L;
         const float* pp = panel + n0 * kl;
+        const uint8_t* wp = w + n0 * t.K + k0;
+        const float* sc = scaled ? scale : nullptr;
+        const bool first = kb == 0;
+        if (inline_decode) {
+          switch (mr) {
+#if HWY_TARGET == HWY_AVX3
+            case 4:
+              block_kernel<4, kBf16, true>(t, aoff, pp, wp, kl, sc, tp, tot_ld, first);
+              break;
+            case 3:
+              block_kernel<3, kBf16, true>(t, aoff, pp, wp, kl, sc, tp, tot_ld, first);
+              break;
+#endif
+            case 2:
+              block_kernel<2, kBf16, true>(t, aoff, pp, wp, kl, sc, tp, tot_ld, first);
+              break;
+            default:
+              block_kernel<1, kBf16, true>(t, aoff, pp, wp, kl, sc, tp, tot_ld, first);
+              break;
+          }
+          continue;
+        }
         switch (mr) {
 #if HWY_TARGET == HWY_AVX3
           case 4:
-            block_kernel<4, kBf16>(t, aoff, pp, kl, scaled ? scale : nullptr, tp, tot_ld, kb == 0);
+            block_kernel<4, kBf16, false>(t, aoff, pp, wp, kl, sc, tp, tot_ld, first);
             break;
           case 3:
-            block_kernel<3, kBf16>(t, aoff, pp, kl, scaled ? scale : nullptr, tp, tot_ld, kb == 0);
+            block_kernel<3, kBf16, false>(t, aoff, pp, wp, kl, sc, tp, tot_ld, first);
             break;
 #endif
           case 2:
-            block_kernel<2, kBf16>(t, aoff, pp, kl, scaled ? scale : nullptr, tp, tot_ld, kb == 0);
+            block_kernel<2, kBf16, false>(t, aoff, pp, wp, kl, sc, tp, tot_ld, first);
             break;
           default:
-            block_kernel<1, kBf16>(t, aoff, pp, kl, scaled ? scale : nullptr, tp, tot_ld, kb == 0);
+            block_kernel<1, kBf16, false>(t, aoff, pp, wp, kl, sc, tp, tot_ld, first);
             break;
         }
       }
