@@ -116,7 +116,8 @@ struct Plan {
               o_items1 = 0, o_items2 = 0, o_a1 = 0, o_sa1 = 0, o_hval = 0, o_a2 = 0, o_sa2 = 0,
               o_y2 = 0, o_amax = 0, o_thread = 0, thread_bytes = 0, total = 0;
   // Per-thread sub-offsets.
-  std::size_t t_c = 0, t_scratch = 0, t_rows = 0, t_groups = 0, t_y = 0, t_h = 0, t_q = 0, t_f = 0;
+  std::size_t t_c = 0, t_scratch = 0, t_rows = 0, t_groups = 0, t_y = 0, t_h = 0, t_q = 0, t_f = 0,
+              t_cs = 0, t_bias = 0, t_ptrs = 0;
 };
 
 struct Item {
@@ -225,6 +226,9 @@ Plan make_plan(const FusedMoeArgs& a, bool w8a8) {
   p.t_h = ttake(S(p.HT) * 4);
   p.t_q = ttake(S(std::max({p.H, p.I, p.HT})));
   p.t_f = ttake(S(std::max({p.H, p.I, p.E_global})) * 4);
+  p.t_cs = ttake(S(p.ntmax) * 4);
+  p.t_bias = ttake(S(p.ntmax) * 4);
+  p.t_ptrs = ttake(S(p.topk) * sizeof(void*));
   p.thread_bytes = t;
   p.total = p.o_thread + p.thread_bytes * S(p.threads) + kAlign;  // + alignment slack
   return p;
@@ -295,6 +299,7 @@ struct Run {
   const Plan& p;
   char* ws;
   GemmTileFn gemm = nullptr;
+  const KernelTable* ew = nullptr;  // element-wise epilogue and top-k sum kernels
   // SIMD per-group quantiser of the active level (bit-exact with numerics), or nullptr.
   float (*quant_group)(const float*, int64_t, uint16_t*, bool, float) = nullptr;
   int32_t* ids = nullptr;  // (slots) global expert ids: the caller's, or routed into the workspace
@@ -458,19 +463,30 @@ void gemm1_item(Run& r, const Item& it, int tid) {
   // Epilogue per row: scales not applied per K-block, + bias, round, activation, [quantise].
   const bool row_scales =
       !p.wscale_kb || p.ascale == AScale::kPerRow || p.ascale == AScale::kPerTensor;
+  const bool has_cs = row_scales && !p.wscale_kb;  // per-tensor / per-channel weight scales
+  const bool has_bias = a.weights.w13_bias.defined();
+  float* cs = reinterpret_cast<float*>(tb + p.t_cs);
+  float* bias = reinterpret_cast<float*>(tb + p.t_bias);
+  for (int n = 0; n < NT; ++n) {
+    const int64_t row = w13_row_of(p, ht, n);
+    if (has_cs) cs[n] = w13_row_scale(a, p, e, row);
+    if (has_bias) bias[n] = load_bias(a.weights.w13_bias, e * p.N1 + row);
+  }
+  RowEpilogue ep;
+  ep.n = NT;
+  ep.apply_scales = row_scales;
+  ep.col_scale = has_cs ? cs : nullptr;
+  ep.bias = has_bias ? bias : nullptr;
+  ep.bf16 = p.bf16;
+  ep.out_f32 = y;
   for (int i = 0; i < R; ++i) {
     const int64_t pos = p0 + i;
     const int64_t t = rows[i];
-    float sa = 1.0f;
-    if (p.ascale == AScale::kPerRow) sa = r.sa1[t];
-    if (p.ascale == AScale::kPerTensor) sa = r.sa1[0];
-    for (int n = 0; n < NT; ++n) {
-      const int64_t row = w13_row_of(p, ht, n);
-      float v = C[i * NT + n];
-      if (row_scales) v = (v * sa) * w13_row_scale(a, p, e, row);
-      v += load_bias(a.weights.w13_bias, e * p.N1 + row);
-      y[n] = round_c(v, p.bf16);
-    }
+    ep.row_scale = p.ascale == AScale::kPerRow      ? r.sa1[t]
+                   : p.ascale == AScale::kPerTensor ? r.sa1[0]
+                                                    : 1.0f;
+    ep.c = C + i * NT;
+    r.ew->row_epilogue(ep);  // y = round((c * sa) * sw + bias)
     if (sc.fuse_silu_quant) {
       num::silu_mul_fp32_row<float>(y, p.HT, h);
     } else {
@@ -548,50 +564,48 @@ void gemm2_item(Run& r, const Item& it, int tid) {
 
   const bool row_scales =
       !p.wscale_kb || p.ascale == AScale::kPerRow || p.ascale == AScale::kPerTensor;
-  const bool mul_weight = !a.apply_router_weight_on_input;
+  const bool has_cs = row_scales && !p.wscale_kb;
+  const bool has_bias = a.weights.w2_bias.defined();
+  float* cs = reinterpret_cast<float*>(tb + p.t_cs);
+  float* bias = reinterpret_cast<float*>(tb + p.t_bias);
+  for (int n = 0; n < NT; ++n) {
+    if (has_cs) cs[n] = w2_row_scale(a, p, e, n0 + n);
+    if (has_bias) bias[n] = load_bias(a.weights.w2_bias, e * p.H + n0 + n);
+  }
+  RowEpilogue ep;
+  ep.n = NT;
+  ep.apply_scales = row_scales;
+  ep.col_scale = has_cs ? cs : nullptr;
+  ep.bias = has_bias ? bias : nullptr;
+  ep.mul_weight = !a.apply_router_weight_on_input;  // the router weight, in f32, before the cast
+  ep.bf16 = p.bf16;
   for (int i = 0; i < R; ++i) {
     const int64_t pos = p0 + i;
     const int64_t s = r.sorted[pos];
-    float sa = 1.0f;
-    if (p.ascale == AScale::kPerRow) sa = r.sa2[pos];
-    if (p.ascale == AScale::kPerTensor) sa = r.sa2[0];
-    const float w = r.wts[s];
-    for (int n = 0; n < NT; ++n) {
-      const int64_t row = n0 + n;
-      float v = C[i * NT + n];
-      if (row_scales) v = (v * sa) * w2_row_scale(a, p, e, row);
-      v += load_bias(a.weights.w2_bias, e * p.H + row);
-      if (mul_weight) v *= w;
-      if (p.bf16) {
-        static_cast<uint16_t*>(r.y2)[s * p.H + row] = num::float_to_bf16(v);
-      } else {
-        static_cast<float*>(r.y2)[s * p.H + row] = v;
-      }
+    ep.row_scale = p.ascale == AScale::kPerRow      ? r.sa2[pos]
+                   : p.ascale == AScale::kPerTensor ? r.sa2[0]
+                                                    : 1.0f;
+    ep.weight = r.wts[s];
+    ep.c = C + i * NT;
+    if (p.bf16) {
+      ep.out_bf16 = static_cast<uint16_t*>(r.y2) + s * p.H + n0;
+    } else {
+      ep.out_f32 = static_cast<float*>(r.y2) + s * p.H + n0;
     }
+    r.ew->row_epilogue(ep);
   }
 }
 
 // out[t] = round(sum over valid slots j, in slot order, of y2[t, j]) in f32.
-void reduce_token(Run& r, int64_t t, float* acc) {
+void reduce_token(Run& r, int64_t t, const void** ptrs) {
   const Plan& p = r.p;
-  std::fill(acc, acc + p.H, 0.0f);
+  const std::size_t esz = p.bf16 ? 2 : 4;
+  int n = 0;
   for (int64_t j = 0; j < p.topk; ++j) {
     const int64_t s = t * p.topk + j;
-    if (r.pos[s] < 0) continue;
-    if (p.bf16) {
-      const uint16_t* y = static_cast<const uint16_t*>(r.y2) + s * p.H;
-      for (int64_t k = 0; k < p.H; ++k) acc[k] += num::bf16_to_float(y[k]);
-    } else {
-      const float* y = static_cast<const float*>(r.y2) + s * p.H;
-      for (int64_t k = 0; k < p.H; ++k) acc[k] += y[k];
-    }
+    if (r.pos[s] >= 0) ptrs[n++] = static_cast<const char*>(r.y2) + s * p.H * esz;
   }
-  if (p.bf16) {
-    uint16_t* o = r.a.out.ptr<uint16_t>() + t * p.H;
-    for (int64_t k = 0; k < p.H; ++k) o[k] = num::float_to_bf16(acc[k]);
-  } else {
-    std::memcpy(r.a.out.ptr<float>() + t * p.H, acc, p.H * sizeof(float));
-  }
+  r.ew->sum_rows(ptrs, n, p.H, p.bf16, static_cast<char*>(r.a.out.data) + t * p.H * esz);
 }
 
 // Captures the first exception thrown inside a parallel region; rethrown after it.
@@ -645,6 +659,7 @@ void run_impl(const FusedMoeArgs& a, void* workspace, bool w8a8) {
   Run r{a, p, ws};
   r.gemm = pick_gemm(p.a_bf16);
   r.quant_group = kernel_table(active_isa()).quantize_group_bf16;
+  r.ew = &elementwise_table();
   if (r.gemm == nullptr) throw RuntimeError("no CPU GEMM kernel for this operand type");
   if (p.route_inside) {
     r.ids = reinterpret_cast<int32_t*>(ws + p.o_ids);
@@ -812,9 +827,10 @@ void run_impl(const FusedMoeArgs& a, void* workspace, bool w8a8) {
 #pragma omp for schedule(dynamic, 1)
     for (int64_t i = 0; i < r.n_items2; ++i) guarded([&] { gemm2_item(r, r.items2[i], tid); });
 
-      // 7. The sum over the top-k slots (the end of the region is the barrier).
+    // 7. The sum over the top-k slots (the end of the region is the barrier).
+    const void** ptrs = reinterpret_cast<const void**>(tb + p.t_ptrs);
 #pragma omp for schedule(static) nowait
-    for (int64_t t = 0; t < p.M; ++t) guarded([&] { reduce_token(r, t, tf); });
+    for (int64_t t = 0; t < p.M; ++t) guarded([&] { reduce_token(r, t, ptrs); });
   }
   err.rethrow();
 }

@@ -103,6 +103,16 @@ const KernelTable& kernel_table(Isa isa) {
   return *t;
 }
 
+const KernelTable& elementwise_table() {
+  const Isa isa = active_isa() == Isa::kAvx512Bf16 ? Isa::kAvx512 : active_isa();
+  for (Isa other : supported_isas()) {
+    if (static_cast<int>(other) > static_cast<int>(isa) || other == Isa::kAvx512Bf16) continue;
+    const KernelTable* t = hwy_kernel_table(other);
+    if (t && t->row_epilogue) return *t;
+  }
+  return *hwy_kernel_table(Isa::kScalar);
+}
+
 std::size_t gemm_scratch_bytes(int64_t K) {
   // AVX-512 BF16: the decoded panel (64 weight rows x one K-block of bf16) and its lane-layout
   // totals (rows x 64 weight rows x 4 lanes f32), or the permuted activation rows of the streaming

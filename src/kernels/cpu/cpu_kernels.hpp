@@ -93,6 +93,25 @@ std::size_t gemm_scratch_bytes(int64_t K);
 
 using GemmTileFn = void (*)(const GemmTile& t);
 
+// The element-wise epilogue of a GEMM tile row, as the reference orders it:
+//   v = c[i];  if (apply_scales) v = (v * row_scale) * (col_scale ? col_scale[i] : 1);
+//   v += bias ? bias[i] : 0;  if (mul_weight) v *= weight;
+//   bf16: round to bf16 (RNE, NaN kept) -> out_bf16 bits and/or out_f32 (the rounded value);
+//   else: out_f32 = v.   (n a multiple of 16)
+struct RowEpilogue {
+  const float* c = nullptr;
+  int64_t n = 0;
+  bool apply_scales = false;
+  float row_scale = 1.0f;
+  const float* col_scale = nullptr;
+  const float* bias = nullptr;
+  bool mul_weight = false;
+  float weight = 1.0f;
+  bool bf16 = true;
+  float* out_f32 = nullptr;
+  uint16_t* out_bf16 = nullptr;
+};
+
 // The kernels of one level. nullptr: the level does not implement that case.
 struct KernelTable {
   GemmTileFn gemm_a_bf16 = nullptr;  // A in bf16
@@ -106,7 +125,15 @@ struct KernelTable {
   // nullptr: the driver uses the scalar quantiser.
   float (*quantize_group_bf16)(const float* x, int64_t n, uint16_t* out, bool ue8m0,
                                float min_scale) = nullptr;
+  void (*row_epilogue)(const RowEpilogue& e) = nullptr;
+  // out = round(sum over the `nrows` rows, in order, of the values), n values; rows and out are
+  // bf16 bits (bf16 true) or f32. The per-token sum over the top-k slots.
+  void (*sum_rows)(const void* const* rows, int nrows, int64_t n, bool bf16, void* out) = nullptr;
 };
+
+// The epilogue/sum kernels of the best portable level at or below the active one (the AVX-512
+// BF16 level shares the AVX-512 ones).
+const KernelTable& elementwise_table();
 
 // Kernel table of one level (only valid when isa_supported(isa)).
 const KernelTable& kernel_table(Isa isa);

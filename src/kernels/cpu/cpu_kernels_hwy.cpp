@@ -202,6 +202,62 @@ void gemm_tile(const GemmTile& t) {
   for (int g = 0; g < t.NT / 16; ++g) gemm_group<kBf16>(t, g, kchunk, nkb, scaled, panel, tot);
 }
 
+// f32 -> bf16 bits as numerics::float_to_bf16: RNE; NaN keeps its sign and becomes quiet.
+HWY_INLINE hn::Vec<DU> bf16_bits(DF df, hn::Vec<DF> v) {
+  const DU du;
+  const auto u = hn::BitCast(du, v);
+  const auto lsb = hn::And(hn::ShiftRight<16>(u), hn::Set(du, 1u));
+  const auto rounded = hn::ShiftRight<16>(hn::Add(u, hn::Add(hn::Set(du, 0x7FFFu), lsb)));
+  const auto nan = hn::Or(hn::ShiftRight<16>(u), hn::Set(du, 0x40u));
+  return hn::IfThenElse(hn::RebindMask(du, hn::IsNaN(v)), nan, rounded);
+}
+
+void row_epilogue(const RowEpilogue& e) {
+  const DF df;
+  const hn::Rebind<uint16_t, DU> d16;
+  const int64_t L = static_cast<int64_t>(hn::Lanes(df));
+  const auto rs = hn::Set(df, e.row_scale);
+  const auto w = hn::Set(df, e.weight);
+  for (int64_t i = 0; i < e.n; i += L) {
+    auto v = hn::LoadU(df, e.c + i);
+    if (e.apply_scales) {
+      v = hn::Mul(hn::Mul(v, rs), e.col_scale ? hn::LoadU(df, e.col_scale + i) : hn::Set(df, 1.0f));
+    }
+    v = hn::Add(v, e.bias ? hn::LoadU(df, e.bias + i) : hn::Zero(df));
+    if (e.mul_weight) v = hn::Mul(v, w);
+    if (e.bf16) {
+      const auto b = bf16_bits(df, v);
+      if (e.out_bf16) hn::StoreU(hn::TruncateTo(d16, b), d16, e.out_bf16 + i);
+      if (e.out_f32) hn::StoreU(hn::BitCast(df, hn::ShiftLeft<16>(b)), df, e.out_f32 + i);
+    } else {
+      hn::StoreU(v, df, e.out_f32 + i);
+    }
+  }
+}
+
+void sum_rows(const void* const* rows, int nrows, int64_t n, bool bf16, void* out) {
+  const DF df;
+  const DU du;
+  const hn::Rebind<uint16_t, DU> d16;
+  const int64_t L = static_cast<int64_t>(hn::Lanes(df));
+  for (int64_t i = 0; i < n; i += L) {
+    auto acc = hn::Zero(df);
+    for (int r = 0; r < nrows; ++r) {
+      if (bf16) {
+        const auto u = hn::PromoteTo(du, hn::LoadU(d16, static_cast<const uint16_t*>(rows[r]) + i));
+        acc = hn::Add(acc, hn::BitCast(df, hn::ShiftLeft<16>(u)));
+      } else {
+        acc = hn::Add(acc, hn::LoadU(df, static_cast<const float*>(rows[r]) + i));
+      }
+    }
+    if (bf16) {
+      hn::StoreU(hn::TruncateTo(d16, bf16_bits(df, acc)), d16, static_cast<uint16_t*>(out) + i);
+    } else {
+      hn::StoreU(acc, df, static_cast<float*>(out) + i);
+    }
+  }
+}
+
 void gemm_a_bf16(const GemmTile& t) { gemm_tile<true>(t); }
 void gemm_a_f32(const GemmTile& t) { gemm_tile<false>(t); }
 
@@ -221,7 +277,8 @@ void decode_e4m3_to_f32(const uint8_t* in, float* out, int64_t n) {
 }
 
 const KernelTable* table() {
-  static const KernelTable t{gemm_a_bf16, gemm_a_f32, nullptr, decode_e4m3_to_f32};
+  static const KernelTable t{gemm_a_bf16, gemm_a_f32,   nullptr, decode_e4m3_to_f32,
+                             nullptr,     row_epilogue, sum_rows};
   return &t;
 }
 
