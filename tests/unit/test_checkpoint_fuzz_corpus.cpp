@@ -20,7 +20,7 @@ std::vector<std::string> files_in(const std::string& dir) {
   if (DIR* d = opendir(dir.c_str())) {
     while (dirent* e = readdir(d)) {
       const std::string n = e->d_name;
-      if (n != "." && n != ".." && n != "README.md") out.push_back(dir + "/" + n);
+      if (n[0] != '.' && n != "README.md") out.push_back(dir + "/" + n);
     }
     closedir(d);
   }
