@@ -243,6 +243,8 @@ void plan_shape(const ModelConfig& m, const MoeParallelConfig& par, const PlanOp
             q.is_checkpoint_fp8_serialized, platform);
       } catch (const Error& e) {
         record_error(s, "resolve", e);
+        if (s.error_message.find("Block-aligned FP8 TP sharding") == std::string::npos) return;
+        s.resolution = "pad";
         s.resolution_why = fmt::format(
             "per-rank intermediate {} is not whole {}-row blocks and the requested backend "
             "cannot take refined blocks, so vLLM tried to pad the shard",
