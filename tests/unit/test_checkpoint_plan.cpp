@@ -31,6 +31,22 @@ ModelPlan plan(const ModelConfig& m, const std::string& platform, int tp,
   return plan_model(m, ck, o, Platform::parse(platform), OracleEnv());
 }
 
+// One example checkpoint shared by the tests that need real safetensors.
+class PlanExample : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    dir_ = new TempDir();
+    write_example_checkpoint(dir_->path());
+  }
+  static void TearDownTestSuite() {
+    delete dir_;
+    dir_ = nullptr;
+  }
+  static const std::string& path() { return dir_->path(); }
+  static TempDir* dir_;
+};
+TempDir* PlanExample::dir_ = nullptr;
+
 const ShapePlan& only(const ModelPlan& p) {
   static const ShapePlan none;
   EXPECT_EQ(p.shapes.size(), 1u) << p.error;
@@ -133,10 +149,8 @@ TEST(Plan, UnevenEpPlacementShowsPerRankExperts) {  // pitfall 22
   EXPECT_EQ(s.max_rank_bytes_per_layer, s.ranks[0].weight_bytes + s.ranks[0].scale_bytes);
 }
 
-TEST(Plan, I640Tp8NeedsPaddingOrExpertParallel) {  // pitfall 3
-  TempDir d;
-  write_example_checkpoint(d.path());
-  const ModelConfig m = load_model_config(d.path());
+TEST_F(PlanExample, I640Tp8NeedsPaddingOrExpertParallel) {  // pitfall 3
+  const ModelConfig m = load_model_config(path());
   ModelPlan p = plan(m, "cuda:90", 4);
   ASSERT_TRUE(p.ok());
   EXPECT_EQ(only(p).resolution, "refine");
@@ -230,11 +244,9 @@ TEST(Plan, InvalidLayoutsAreRecorded) {
       << only(p).error_message;
 }
 
-TEST(Plan, ReadsHeadersOnlyAndCrossChecksThem) {
-  TempDir d;
-  write_example_checkpoint(d.path());
-  const ModelConfig m = load_model_config(d.path());
-  const SafetensorsCheckpoint ck = SafetensorsCheckpoint::open(d.path());
+TEST_F(PlanExample, ReadsHeadersOnlyAndCrossChecksThem) {
+  const ModelConfig m = load_model_config(path());
+  const SafetensorsCheckpoint ck = SafetensorsCheckpoint::open(path());
   const ModelPlan p = plan(m, "cuda:90", 4, "auto", 0, &ck);
   ASSERT_TRUE(p.ok());
   EXPECT_TRUE(p.headers_read);
@@ -250,11 +262,9 @@ TEST(Plan, ReadsHeadersOnlyAndCrossChecksThem) {
   EXPECT_EQ(j["shapes"][0]["selection"]["kernel"], "TritonExperts");
 }
 
-TEST(Plan, HeaderMismatchesAreNamed) {
-  TempDir d;
-  write_example_checkpoint(d.path());
-  const ModelConfig base = load_model_config(d.path());
-  const SafetensorsCheckpoint ck = SafetensorsCheckpoint::open(d.path());
+TEST_F(PlanExample, HeaderMismatchesAreNamed) {
+  const ModelConfig base = load_model_config(path());
+  const SafetensorsCheckpoint ck = SafetensorsCheckpoint::open(path());
   // A config that disagrees with the weights: the first mismatching tensor is named.
   ModelConfig wrong = base;
   wrong.moe_intermediate_size = 512;
