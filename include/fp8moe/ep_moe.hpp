@@ -8,11 +8,14 @@
 //        -> all-to-all of the partial output rows back -> out[t] = sum over ranks, in rank order
 //
 // A token is sent once to each rank that owns at least one of its experts (not once per slot), as
-// DeepEP does. Partial outputs travel in x's dtype (bf16), as in DeepEP's combine, so a token whose
-// experts span several ranks sees one more rounding than on a single rank: exact-mode problems
-// agree bit for bit, statistical ones within the FP8 tolerance. Ranks with zero tokens, uneven
+// DeepEP does. Partial outputs come back in f32 when the local kernel can produce them
+// (ExpertsImpl::f32_partial_out) and are rounded once after the sum over ranks, so exact-mode
+// problems equal the single-rank result bit for bit; otherwise they travel in x's dtype (one more
+// bf16 rounding, as DeepEP's bf16 combine; statistical agreement). Ranks with zero tokens, uneven
 // expert counts per rank and -1 (padded) expert ids are all handled; every rank must call the
-// collective.
+// collective. Known limit: per-tensor *dynamic* activation scales are computed over the rows each
+// rank receives, not over the global batch (pitfalls.md 11); per-token and per-group schemes are
+// unaffected.
 #pragma once
 
 #include <cstdint>

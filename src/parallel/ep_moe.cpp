@@ -212,7 +212,11 @@ EpMoeStats ep_moe_forward(Communicator& comm, const ExpertsImpl& local_experts,
 
   // ---- local experts
   t0 = std::chrono::steady_clock::now();
-  Tensor partial = Tensor::zeros({R, H}, xdt);
+  // Partial outputs in f32 when the kernel can produce them (one rounding, at the end of the
+  // combine: exact-mode results equal the single-rank ones bit for bit), else in x's dtype.
+  const DType pdt = local_experts.f32_partial_out ? DType::kF32 : xdt;
+  const std::size_t prow_bytes = static_cast<std::size_t>(H) * dtype_size(pdt);
+  Tensor partial = Tensor::zeros({R, H}, pdt);
   if (error.empty() && R > 0) {
     try {
       const std::vector<int32_t> emap = layout.expert_map(me);
@@ -244,7 +248,7 @@ EpMoeStats ep_moe_forward(Communicator& comm, const ExpertsImpl& local_experts,
         int64_t max_m = 0;
         for (const auto& v : per) max_m = std::max<int64_t>(max_m, static_cast<int64_t>(v.size()));
         Tensor xb = Tensor::zeros({E_local, std::max<int64_t>(max_m, 1), H}, xdt);
-        Tensor yb = Tensor::zeros({E_local, std::max<int64_t>(max_m, 1), H}, xdt);
+        Tensor yb = Tensor::zeros({E_local, std::max<int64_t>(max_m, 1), H}, pdt);
         Tensor counts = Tensor::empty({E_local}, DType::kI32);
         for (int e = 0; e < E_local; ++e) {
           counts.ptr<int32_t>()[e] = static_cast<int32_t>(per[e].size());
@@ -274,13 +278,13 @@ EpMoeStats ep_moe_forward(Communicator& comm, const ExpertsImpl& local_experts,
           for (int64_t j = 0; j < k; ++j) {
             const auto [e, m] = where[i * k + j];
             if (e < 0) continue;
-            const TensorView row(static_cast<char*>(yb.data()) + (e * yb.size(1) + m) * row_bytes,
-                                 xdt, {H});
+            const TensorView row(static_cast<char*>(yb.data()) + (e * yb.size(1) + m) * prow_bytes,
+                                 pdt, {H});
             for (int64_t h = 0; h < H; ++h) acc[i * H + h] += w[i * k + j] * load(row, h);
           }
         }
         for (int64_t n = 0; n < R * H; ++n) {
-          if (xdt == DType::kF32) {
+          if (pdt == DType::kF32) {
             partial.ptr<float>()[n] = acc[n];
           } else {
             partial.ptr<uint16_t>()[n] = numerics::float_to_bf16(acc[n]);
@@ -296,8 +300,8 @@ EpMoeStats ep_moe_forward(Communicator& comm, const ExpertsImpl& local_experts,
 
   // ---- combine: partial rows go back to their source; sum in rank order, round once
   t0 = std::chrono::steady_clock::now();
-  std::vector<char> back(static_cast<std::size_t>(S) * row_bytes);
-  comm.all_to_all_v(partial.data(), recv_counts, back.data(), send_counts, row_bytes);
+  std::vector<char> back(static_cast<std::size_t>(S) * prow_bytes);
+  comm.all_to_all_v(partial.data(), recv_counts, back.data(), send_counts, prow_bytes);
   // Every rank learns whether any peer failed: a failed rank returned zeros, so its peers' outputs
   // would be silently wrong.
   std::vector<int64_t> failed_send(nranks, error.empty() ? 0 : 1), failed_recv(nranks);
@@ -310,7 +314,7 @@ EpMoeStats ep_moe_forward(Communicator& comm, const ExpertsImpl& local_experts,
     int64_t row = 0;
     for (int d = 0; d < nranks; ++d) {
       for (int64_t t : to_rank[d]) {
-        const TensorView src(back.data() + row * row_bytes, xdt, {H});
+        const TensorView src(back.data() + row * prow_bytes, pdt, {H});
         for (int64_t h = 0; h < H; ++h) acc[t * H + h] += load(src, h);
         ++row;
       }
