@@ -7,6 +7,7 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
+#include <algorithm>
 #include <cctype>
 #include <cmath>
 #include <iostream>
@@ -444,8 +445,13 @@ void run_support(const DeploymentOptions& o) {
     Support verdict;
   };
   std::vector<Row> rows;
-  for (Fp8MoeBackend b : all_fp8_moe_backends()) {
-    if (b == Fp8MoeBackend::kNone) continue;
+  // Priority order first, then the backends the auto scan never tries (registered without
+  // auto_select).
+  std::vector<Fp8MoeBackend> order = priority;
+  for (Fp8MoeBackend b : all_fp8_moe_backends())
+    if (b != Fp8MoeBackend::kNone && std::find(order.begin(), order.end(), b) == order.end())
+      order.push_back(b);
+  for (Fp8MoeBackend b : order) {
     for (const ExpertsKernel* k : backend_to_kernel_cls(b))
       rows.push_back({b, k, experts_supported(*k, config, wk, ak, fmt_, ctx)});
   }
@@ -477,11 +483,20 @@ void run_support(const DeploymentOptions& o) {
   std::cout << fmt::format("  keys       W {}  A {}\n", quant_key_name(wk), quant_key_name(ak));
   std::cout << fmt::format("  config     {}\n", config_line(config));
   std::cout << fmt::format("  format     {}\n", activation_format_name(fmt_));
-  std::cout << "  priority   " << python_list_repr(priority_values) << "\n\n";
-  std::cout << fmt::format("{:<22} {:<30} {:<4} {}\n", "BACKEND", "EXPERTS CLASS", "OK", "REASON");
+  std::cout << "  priority   " << python_list_repr(priority_values) << "\n";
+  std::cout << "  #: position in the auto scan's priority order\n\n";
+  const auto line = [](std::string s) {
+    while (!s.empty() && s.back() == ' ') s.pop_back();
+    std::cout << s << "\n";
+  };
+  line(
+      fmt::format("{:>2} {:<22} {:<30} {:<4} {}", "#", "BACKEND", "EXPERTS CLASS", "OK", "REASON"));
   for (const auto& r : rows) {
-    std::cout << fmt::format("{:<22} {:<30} {:<4} {}\n", backend_value(r.backend), r.kernel->name,
-                             r.verdict.ok ? "yes" : "no", r.verdict.ok ? "" : r.verdict.reason);
+    const auto pos = std::find(priority.begin(), priority.end(), r.backend);
+    const std::string rank =
+        pos == priority.end() ? "-" : std::to_string(pos - priority.begin() + 1);
+    line(fmt::format("{:>2} {:<22} {:<30} {:<4} {}", rank, backend_value(r.backend), r.kernel->name,
+                     r.verdict.ok ? "yes" : "no", r.verdict.ok ? "" : r.verdict.reason));
   }
 }
 
