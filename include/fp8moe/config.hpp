@@ -138,6 +138,10 @@ struct MoeConfig {
   std::optional<double> activation_situ_beta{};
   std::optional<double> activation_situ_linear_beta{};
   int max_capture_size = 0;
+  // Set by post_init_for_platform (oracle.hpp) when is_act_and_mul: AITER's fused MoE is enabled
+  // (rocm_aiter_ops.is_fused_moe_enabled()); the shared-experts fusion is never enabled in fp8moe.
+  bool rocm_aiter_fmoe_enabled = false;
+  bool aiter_fmoe_shared_expert_enabled = false;
   int intermediate_size_per_partition = -1;  // set by post_init(): intermediate_size / tp_size
   bool tp_shard_with_padding = false;        // set by pad_tp_shard_to_weight_blocks()
 

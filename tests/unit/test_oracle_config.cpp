@@ -149,6 +149,25 @@ TEST(MoeConfig, NonGatedNeedsCudaAlikeOrXpu) {
   EXPECT_NO_THROW(check_moe_config_for_platform(Deploy{}.build(), Platform::parse("cpu")));
 }
 
+TEST(MoeConfig, PostInitForPlatformSetsTheAiterFlag) {
+  MoeConfig c = Deploy{}.build();
+  const OracleEnv on = testing::env_of({{"VLLM_ROCM_USE_AITER", "1"}});
+  post_init_for_platform(c, testing::plat("rocm:gfx942"), on);
+  EXPECT_TRUE(c.rocm_aiter_fmoe_enabled);
+  post_init_for_platform(c, testing::plat("rocm:gfx942"), OracleEnv());
+  EXPECT_FALSE(c.rocm_aiter_fmoe_enabled);
+  post_init_for_platform(c, testing::plat("rocm:gfx942", "none"), on);
+  EXPECT_FALSE(c.rocm_aiter_fmoe_enabled);
+  post_init_for_platform(c, testing::plat("cuda:90"), on);
+  EXPECT_FALSE(c.rocm_aiter_fmoe_enabled);
+  Deploy ng;
+  ng.act = MoeActivation::kRelu2NoMul;
+  MoeConfig n = ng.build();
+  post_init_for_platform(n, testing::plat("rocm:gfx942"), on);
+  EXPECT_FALSE(n.rocm_aiter_fmoe_enabled);  // only when is_act_and_mul
+  EXPECT_THROW(post_init_for_platform(n, testing::plat("cpu"), on), NotImplementedError);
+}
+
 TEST(MoeConfig, RoutingMethodTypes) {
   using R = RoutingMethodType;
   EXPECT_EQ(get_routing_method_type("softmax", 8, true, std::nullopt, false), R::kRenormalizeNaive);

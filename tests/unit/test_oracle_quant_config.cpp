@@ -239,6 +239,36 @@ TEST(QuantConfig, DescribeAndNames) {
   EXPECT_EQ(unq.config_name(DType::kBF16), "");
 }
 
+TEST(QuantConfig, ScaleShapeAndDtypeFlags) {
+  const MoeQuantConfig blk = make_fp8_moe_quant_config(Fp8MoeBackend::kTriton, block_inputs());
+  EXPECT_EQ(blk.scale_shape(33, 2050), (std::array<int64_t, 2>{33, 17}));
+  EXPECT_TRUE(blk.is_block_quantized());
+  Fp8QuantConfigInputs tok;
+  tok.w1_scale = Tensor::zeros({2, 1536}, DType::kF32);
+  tok.w2_scale = Tensor::zeros({2, 2048}, DType::kF32);
+  tok.per_act_token_quant = true;
+  EXPECT_EQ(make_fp8_moe_quant_config(Fp8MoeBackend::kTriton, tok).scale_shape(33, 2048),
+            (std::array<int64_t, 2>{33, 1}));
+  tok.per_act_token_quant = false;
+  EXPECT_EQ(make_fp8_moe_quant_config(Fp8MoeBackend::kTriton, tok).scale_shape(33, 2048),
+            (std::array<int64_t, 2>{1, 1}));
+  const MoeQuantConfig w8a16 = make_fp8_moe_quant_config(Fp8MoeBackend::kCpu, block_inputs());
+  EXPECT_EQ(w8a16.scale_shape(33, 2048), std::nullopt);
+  EXPECT_FALSE(w8a16.is_quantized());
+  MoeQuantConfigArgs i8;
+  i8.quant_dtype = QuantDType::kInt8;
+  EXPECT_TRUE(make_moe_quant_config(i8).use_int8_w8a8());
+  MoeQuantConfigArgs w4;
+  w4.weight_dtype = QuantDType::kInt4;
+  const MoeQuantConfig w4a16 = make_moe_quant_config(w4);
+  EXPECT_TRUE(w4a16.use_int4_w4a16());
+  EXPECT_EQ(w4a16.config_name(DType::kBF16), "int4_w4a16");
+  MoeQuantConfigArgs mx4;
+  mx4.quant_dtype = QuantDType::kMxfp4;
+  EXPECT_TRUE(make_moe_quant_config(mx4).use_mxfp4_w4a4());
+  EXPECT_EQ(make_moe_quant_config(mx4).config_name(DType::kF32), "");  // OCP MX wins over f32
+}
+
 TEST(HummingSchema, AllThreeForms) {
   Fp8MoeLayerState layer;
   const Tensor w = Tensor::zeros({4, 256, 128}, DType::kF8E4M3FN);

@@ -89,6 +89,15 @@ OptQuantKey parse_key(const std::string& text, const Platform& platform) {
   return explicit_dtype ? k : with_fp8_dtype(k, platform.fp8_dtype());
 }
 
+// The constant name of a key in the platform's flavour ("kFp8Static128BlockSym [e4m3fnuz]").
+std::string key_display(const OptQuantKey& k) {
+  if (!k) return "none";
+  const bool fnuz = k->dtype == KeyDType::kF8E4M3FNUZ;
+  const std::string name = quant_key_name(with_fp8_dtype(k, KeyDType::kF8E4M3FN));
+  if (name.rfind("QuantKey(", 0) == 0) return quant_key_name(k);
+  return fnuz ? name + " [e4m3fnuz]" : name;
+}
+
 void check_no_extras(CLI::App* sub) {
   const auto extras = sub->remaining();
   if (!extras.empty()) {
@@ -333,10 +342,10 @@ void print_trace_human(const std::vector<TraceEntry>& trace, bool only_rejected)
 void run_select(const DeploymentOptions& o) {
   const Platform platform = make_platform(o);
   const OracleEnv env = make_env(o);
-  const MoeConfig config = make_config(o);
+  MoeConfig config = make_config(o);
   const OptQuantKey wk = parse_key(o.weight_key, platform);
   const OptQuantKey ak = parse_key(o.activation_key, platform);
-  check_moe_config_for_platform(config, platform);
+  post_init_for_platform(config, platform, env);
 
   Selection progress;
   Selection sel;
@@ -345,7 +354,7 @@ void run_select(const DeploymentOptions& o) {
   } catch (const Error&) {
     if (!o.json) {
       std::cout << fmt::format("No FP8 MoE backend selected for {}\n", platform.describe());
-      std::cout << fmt::format("  keys       W {}  A {}\n", quant_key_name(wk), quant_key_name(ak));
+      std::cout << fmt::format("  keys       W {}  A {}\n", key_display(wk), key_display(ak));
       std::cout << fmt::format("  config     {}\n", config_line(config));
       for (const auto& n : progress.notes) std::cout << "  note       " << n << "\n";
       if (!progress.candidates.empty())
@@ -387,7 +396,7 @@ void run_select(const DeploymentOptions& o) {
     std::cout << "FP8 MoE backend: NONE (no experts class)\n";
   }
   std::cout << fmt::format("  platform   {}\n", platform.describe());
-  std::cout << fmt::format("  keys       W {}  A {}\n", quant_key_name(wk), quant_key_name(ak));
+  std::cout << fmt::format("  keys       W {}  A {}\n", key_display(wk), key_display(ak));
   std::cout << fmt::format("  config     {}\n", config_line(config));
   if (sel.kernel) {
     std::cout << fmt::format("  kernel     {}: {}\n", sel.kernel->name, sel.kernel->summary);
@@ -480,7 +489,7 @@ void run_support(const DeploymentOptions& o) {
     return;
   }
   std::cout << fmt::format("FP8 MoE support on {}\n", platform.describe());
-  std::cout << fmt::format("  keys       W {}  A {}\n", quant_key_name(wk), quant_key_name(ak));
+  std::cout << fmt::format("  keys       W {}  A {}\n", key_display(wk), key_display(ak));
   std::cout << fmt::format("  config     {}\n", config_line(config));
   std::cout << fmt::format("  format     {}\n", activation_format_name(fmt_));
   std::cout << "  priority   " << python_list_repr(priority_values) << "\n";
