@@ -260,6 +260,11 @@ MoeParallelConfig make_parallel(const DeploymentOptions& o, const std::string& a
   return MoeParallelConfig::make(tp, pcp, dp, sp_size, enable_ep, all2all, enable_eplb);
 }
 
+// Accepts vLLM's printed forms too: "MoEActivation.SILU", "RoutingMethodType.DeepSeekV3".
+std::string strip_prefix(const std::string& s, std::string_view prefix) {
+  return s.rfind(prefix, 0) == 0 ? s.substr(prefix.size()) : s;
+}
+
 MoeConfig make_config(const DeploymentOptions& o) {
   MoeConfig c;
   c.num_experts = parse_int_option("--num-experts", o.num_experts, 1);
@@ -268,8 +273,8 @@ MoeConfig make_config(const DeploymentOptions& o) {
   c.intermediate_size = parse_int_option("--intermediate", o.intermediate, 1);
   c.moe_parallel_config =
       make_parallel(o, o.all2all_backend, parse_int_option("--sp", o.sp, 1), o.enable_eplb);
-  c.activation = activation_from_str(o.activation);
-  c.routing_method = parse_routing_method(o.routing_method);
+  c.activation = activation_from_str(strip_prefix(o.activation, "MoEActivation."));
+  c.routing_method = parse_routing_method(strip_prefix(o.routing_method, "RoutingMethodType."));
   c.in_dtype = parse_dtype(o.dtype);
   if (!o.router_logits_dtype.empty()) c.router_logits_dtype = parse_dtype(o.router_logits_dtype);
   c.moe_backend = o.moe_backend;
@@ -527,7 +532,7 @@ void run_resolve(ResolveOptions& r) {
   config.hidden_dim = parse_int_option("--hidden", o.hidden, 1);
   config.intermediate_size = parse_int_option("--intermediate", o.intermediate, 1);
   config.moe_parallel_config = make_parallel(o, "allgather_reducescatter", 1, false);
-  config.activation = activation_from_str(o.activation);
+  config.activation = activation_from_str(strip_prefix(o.activation, "MoEActivation."));
   config.moe_backend = o.moe_backend;
   for (auto& ch : config.moe_backend)
     ch = ch == '-' ? '_' : static_cast<char>(std::tolower(static_cast<unsigned char>(ch)));
