@@ -3,9 +3,11 @@
 #include <gtest/gtest.h>
 
 #include <functional>
+#include <set>
 
 #include "fp8moe/error.hpp"
 #include "fp8moe/oracle.hpp"
+#include "kernels/registry.hpp"
 #include "unit/oracle_test_util.hpp"
 
 namespace fp8moe {
@@ -624,6 +626,25 @@ TEST(Experts, Fp8moeImplementationCheckOnDetectedPlatformsOnly) {
   if (cpu_detected.is_cpu()) {
     EXPECT_EQ(marlin.reason, "kernel does not support current device cpu");
   }
+}
+
+}  // namespace
+}  // namespace fp8moe
+
+namespace fp8moe {
+namespace {
+
+TEST(KernelRegistry, NamesAreUniqueAndFindable) {
+  std::set<std::string> names;
+  for (const ExpertsImpl* impl : experts_impls()) {
+    ASSERT_NE(impl, nullptr);
+    ASSERT_NE(impl->name, nullptr);
+    EXPECT_TRUE(names.insert(impl->name).second) << "duplicate " << impl->name;
+    EXPECT_EQ(find_experts_impl(impl->name), impl);
+  }
+  EXPECT_NE(find_experts_impl("ref"), nullptr);
+  EXPECT_EQ(find_experts_impl("no_such_impl"), nullptr);
+  EXPECT_FALSE(experts_impl_available("no_such_impl"));
 }
 
 }  // namespace
