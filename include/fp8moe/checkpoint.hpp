@@ -409,7 +409,8 @@ struct ExpertPlacement {
   int num_local() const { return static_cast<int>(local_to_global.size()); }
 };
 // Linear: contiguous ranges; the first E % ep ranks get one extra expert (E=128, EP=6 ->
-// 22,22,21,21,21,21). Round robin: expert e lives on rank e % ep.
+// 22,22,21,21,21,21). Round robin: expert e lives on rank e % ep. With more ranks than experts the
+// extra ranks hold none. Throws ValueError for E < 1 or a rank outside the group.
 ExpertPlacement place_experts(int num_experts, int ep_size, int ep_rank,
                               ExpertPlacementStrategy strategy = ExpertPlacementStrategy::kLinear);
 
