@@ -136,7 +136,8 @@ struct DeploymentOptions {
   std::vector<std::string> env;
   bool ignore_environment = false;
   bool json = false;
-  bool tp_given = false;  // --tp appeared on the command line
+  bool tp_given = false;         // --tp appeared on the command line
+  bool installed_given = false;  // --installed appeared (possibly with an empty value)
 };
 
 void add_platform_options(CLI::App* sub, DeploymentOptions& o) {
@@ -146,7 +147,8 @@ void add_platform_options(CLI::App* sub, DeploymentOptions& o) {
   sub->add_option("--installed", o.installed,
                   "Kernel families installed on the simulated platform: all (default), none, or a "
                   "comma list of deep_gemm, flashinfer_trtllm, flashinfer_cutlass, humming, hpc, "
-                  "aiter, cutlass_group_gemm, amx_tile, amx_fp8");
+                  "aiter, cutlass_group_gemm, amx_tile, amx_fp8")
+      ->each([&o](const std::string&) { o.installed_given = true; });
 }
 
 void add_parallel_options(CLI::App* sub, DeploymentOptions& o) {
@@ -220,6 +222,12 @@ const std::vector<std::string>& known_all2all_backends() {
 }
 
 Platform make_platform(const DeploymentOptions& o) {
+  if (o.installed_given && o.installed.find_first_not_of(" \t") == std::string::npos) {
+    throw ValueError(
+        "--installed '' is empty: expected all, none, or a comma list of deep_gemm, "
+        "flashinfer_trtllm, flashinfer_cutlass, humming, hpc, aiter, cutlass_group_gemm, "
+        "amx_tile, amx_fp8");
+  }
   if (o.platform.empty()) {
     if (!o.installed.empty()) {
       throw ValueError(fmt::format(
