@@ -4,11 +4,13 @@
 // dispatch/combine in ep_moe.hpp is written once against this interface.
 #pragma once
 
+#include <array>
 #include <cstddef>
 #include <cstdint>
 #include <memory>
 #include <span>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "fp8moe/tensor.hpp"
@@ -40,5 +42,32 @@ class Communicator {
 
 // A group of `size` in-process communicators sharing memory; rank i must be used by one thread.
 std::vector<std::unique_ptr<Communicator>> make_in_process_group(int size);
+
+}  // namespace fp8moe
+
+namespace fp8moe {
+
+// ---- NCCL (CUDA builds)
+// ------------------------------------------------------------------------------ One process per
+// GPU. Rank 0 creates the unique id and the launcher hands it to every rank (as hex). libnccl.so.2
+// is loaded at run time (dlopen), so fp8moe binaries start on machines without NCCL and fail only
+// when a NCCL communicator is asked for. NVLink multicast (NVLS) is switched off
+// (NCCL_NVLS_ENABLE=0) unless the caller set that variable: on shared multi-GPU hosts it can take
+// the GPUs out of service.
+struct NcclUniqueId {
+  std::array<char, 128> bytes{};
+  std::string hex() const;
+  // Throws ValueError naming the text unless it is 256 hex digits.
+  static NcclUniqueId from_hex(std::string_view hex);
+};
+// Whether this build has CUDA and libnccl.so.2 can be loaded; `why` gets the reason when not.
+bool nccl_available(std::string* why = nullptr);
+NcclUniqueId nccl_get_unique_id();
+// Joins the group (blocks until every rank has joined). Buffers passed to the collectives live on
+// `cuda_device`; `stream` arguments are cudaStream_t (nullptr: the legacy default stream).
+// all_to_all_counts goes through device memory and synchronises. all_reduce_sum supports f32 only
+// (NCCL's bf16 sum rounds every step; EP/TP reductions use f32 partials).
+std::unique_ptr<Communicator> make_nccl_communicator(const NcclUniqueId& id, int rank, int size,
+                                                     int cuda_device);
 
 }  // namespace fp8moe

@@ -322,6 +322,9 @@ Selection select_fp8_moe_backend(const MoeConfig& config, const OptQuantKey& wei
     list_remove(available, Fp8MoeBackend::kVllmCutlass);
     list_remove(available, Fp8MoeBackend::kBatchedVllmCutlass);
     sel.candidates = values_of(available);
+    sel.notes.push_back(
+        "VLLM_CUTLASS and BATCHED_VLLM_CUTLASS removed: allow_vllm_cutlass is False (only "
+        "compressed-tensors W8A8-FP8 allows them)");
   }
 
   // Select kernels in order of backend.

@@ -107,3 +107,28 @@ TEST(InProcessCommunicator, BadArgumentsAreClearErrors) {
 
 }  // namespace
 }  // namespace fp8moe
+
+namespace fp8moe {
+namespace {
+
+TEST(NcclUniqueId, HexRoundTripAndBadText) {
+  NcclUniqueId id;
+  for (std::size_t i = 0; i < id.bytes.size(); ++i) id.bytes[i] = static_cast<char>(i * 37 + 5);
+  const std::string hex = id.hex();
+  EXPECT_EQ(hex.size(), 256u);
+  EXPECT_EQ(NcclUniqueId::from_hex(hex).bytes, id.bytes);
+  EXPECT_THROW(NcclUniqueId::from_hex("abc"), ValueError);
+  std::string bad = hex;
+  bad[10] = 'g';
+  EXPECT_THROW(NcclUniqueId::from_hex(bad), ValueError);
+}
+
+TEST(NcclCommunicator, UnavailableIsAClearError) {
+  std::string why;
+  if (nccl_available(&why)) GTEST_SKIP() << "NCCL is available here";
+  EXPECT_FALSE(why.empty());
+  EXPECT_THROW(nccl_get_unique_id(), RuntimeError);
+}
+
+}  // namespace
+}  // namespace fp8moe

@@ -41,13 +41,16 @@ int parse_int_option(const std::string& opt, const std::string& text, int min_va
   bool digits = false;
   for (; i < text.size() && std::isdigit(static_cast<unsigned char>(text[i])); ++i) {
     digits = true;
-    v = v * 10 + (text[i] - '0');
-    if (v > 1'000'000'000LL) break;
+    if (v <= 1'000'000'000LL) v = v * 10 + (text[i] - '0');  // saturates past the limit
   }
   while (i < text.size() && std::isspace(static_cast<unsigned char>(text[i]))) ++i;
   const char* what = min_value > 0 ? "a positive integer" : "a non-negative integer";
-  if (!digits || i != text.size() || v > 1'000'000'000LL) {
+  if (!digits || i != text.size()) {
     throw ValueError(fmt::format("{} expects {}, got '{}'", opt, what, text));
+  }
+  if (v > 1'000'000'000LL) {
+    throw ValueError(
+        fmt::format("{} expects {} no larger than 1000000000, got '{}'", opt, what, text));
   }
   if (neg) v = -v;
   if (v < min_value) throw ValueError(fmt::format("{} expects {}, got '{}'", opt, what, text));
@@ -84,6 +87,12 @@ BlockShape parse_block(const std::string& opt, const std::string& text) {
 // (vLLM builds the constants with FP8_DTYPE = current_platform.fp8_dtype()); an explicit
 // fp8_e4m3fn: / fp8_e4m3fnuz: dtype is kept as written.
 OptQuantKey parse_key(const std::string& text, const Platform& platform) {
+  if (text.empty()) {
+    // An empty value is a scripting slip, not vLLM's None: that one is spelled 'none'.
+    throw ValueError(
+        "empty quant key: expected a vLLM constant name (e.g. kFp8Static128BlockSym), 'none', or "
+        "fp8:static|dynamic:RxC|tensor|token|channel");
+  }
   OptQuantKey k = parse_quant_key(text);
   const bool explicit_dtype = text.rfind("fp8_e4m3", 0) == 0;
   return explicit_dtype ? k : with_fp8_dtype(k, platform.fp8_dtype());
@@ -127,7 +136,8 @@ struct DeploymentOptions {
   std::vector<std::string> env;
   bool ignore_environment = false;
   bool json = false;
-  bool tp_given = false;  // --tp appeared on the command line
+  bool tp_given = false;         // --tp appeared on the command line
+  bool installed_given = false;  // --installed appeared (possibly with an empty value)
 };
 
 void add_platform_options(CLI::App* sub, DeploymentOptions& o) {
@@ -137,7 +147,8 @@ void add_platform_options(CLI::App* sub, DeploymentOptions& o) {
   sub->add_option("--installed", o.installed,
                   "Kernel families installed on the simulated platform: all (default), none, or a "
                   "comma list of deep_gemm, flashinfer_trtllm, flashinfer_cutlass, humming, hpc, "
-                  "aiter, cutlass_group_gemm, amx_tile, amx_fp8");
+                  "aiter, cutlass_group_gemm, amx_tile, amx_fp8")
+      ->each([&o](const std::string&) { o.installed_given = true; });
 }
 
 void add_parallel_options(CLI::App* sub, DeploymentOptions& o) {
@@ -211,6 +222,12 @@ const std::vector<std::string>& known_all2all_backends() {
 }
 
 Platform make_platform(const DeploymentOptions& o) {
+  if (o.installed_given && o.installed.find_first_not_of(" \t") == std::string::npos) {
+    throw ValueError(
+        "--installed '' is empty: expected all, none, or a comma list of deep_gemm, "
+        "flashinfer_trtllm, flashinfer_cutlass, humming, hpc, aiter, cutlass_group_gemm, "
+        "amx_tile, amx_fp8");
+  }
   if (o.platform.empty()) {
     if (!o.installed.empty()) {
       throw ValueError(fmt::format(
@@ -442,9 +459,12 @@ void run_select(const DeploymentOptions& o) {
 void run_support(const DeploymentOptions& o) {
   const Platform platform = make_platform(o);
   const OracleEnv env = make_env(o);
-  const MoeConfig config = make_config(o);
+  MoeConfig config = make_config(o);
   const OptQuantKey wk = parse_key(o.weight_key, platform);
   const OptQuantKey ak = parse_key(o.activation_key, platform);
+  // As in select: vLLM's FusedMoEConfig.__post_init__ refuses non-gated activations off
+  // CUDA/ROCm/XPU, so no support table exists for such a configuration.
+  post_init_for_platform(config, platform, env);
   const ExpertsContext ctx{platform, env};
   const ActivationFormat fmt_ = config.moe_parallel_config.use_batched_activation_format()
                                     ? ActivationFormat::kBatchedExperts
@@ -541,6 +561,9 @@ void run_resolve(ResolveOptions& r) {
   config.post_init();
   const BlockShape block = parse_block("--block", r.block);
   const OptQuantKey ak = parse_key(o.activation_key, platform);
+  // The FusedMoEConfig that resolve_fp8_moe_weight_block_shape receives has passed __post_init__,
+  // which refuses non-gated activations off CUDA/ROCm/XPU.
+  check_moe_config_for_platform(config, platform);
   const int ispp_before = config.intermediate_size_per_partition;
 
   const BlockShapeResolution res =
