@@ -9,11 +9,13 @@
 #include <cstring>
 
 #include "kernels/cpu/cpu_experts.hpp"
+#include "kernels/ref/ref.hpp"
 
 namespace fp8moe {
 
 const std::vector<const ExpertsImpl*>& experts_impls() {
   static const std::vector<const ExpertsImpl*> impls = {
+      &ref::ref_experts_impl(),  // "ref": the float64 reference (no vLLM class names it)
       &cpu::cpu_w8a8_experts_impl(),
       &cpu::cpu_w8a16_experts_impl(),
 #ifdef FP8MOE_WITH_CUDA
