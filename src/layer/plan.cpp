@@ -650,15 +650,43 @@ std::vector<std::string> layer_plan_to_text(const Fp8MoeLayerPlan& p) {
                      quant_key_name(p.activation_key)));
   }
   if (p.selected || !p.selection.trace.empty()) {
-    line(fmt::format("oracle     {}{} ({}), moe_backend={}", backend_value(p.selection.backend),
-                     p.selection.kernel ? fmt::format(" / {}", p.selection.kernel->name) : "",
-                     p.selected ? p.selection.path : "raised", p.config.moe_backend));
+    std::string how = p.selection.path;
+    if (!p.selected) {
+      how = "the oracle raised";
+    } else if (how == "auto") {
+      how = "auto scan";
+    } else if (how == "moe_backend") {
+      how = "explicit --moe-backend";
+    } else if (how == "none") {
+      how = "no class fits";
+    } else {
+      how += " forced";
+    }
+    line(fmt::format("oracle     {}{} ({}; moe_backend={})", backend_value(p.selection.backend),
+                     p.selection.kernel ? fmt::format(" / {}", p.selection.kernel->name) : "", how,
+                     p.config.moe_backend));
     if (!p.selection.candidates.empty()) {
       line(fmt::format("           candidates {}", python_list_repr(p.selection.candidates)));
     }
+    // Rejections grouped by reason (the detected CPU rejects most classes for the same one).
+    std::vector<std::pair<std::string, std::vector<std::string>>> groups;
     for (const auto& t : p.selection.trace) {
-      line(fmt::format("           {} {:<26} {}", t.supported ? "+" : "-", t.kernel,
-                       t.supported ? "supported" : t.reason));
+      if (t.supported) continue;
+      auto it = std::find_if(groups.begin(), groups.end(),
+                             [&](const auto& g) { return g.first == t.reason; });
+      if (it == groups.end()) {
+        groups.push_back({t.reason, {t.kernel}});
+      } else {
+        it->second.push_back(t.kernel);
+      }
+    }
+    for (const auto& [reason, kernels] : groups) {
+      std::string names;
+      for (const auto& k : kernels) names += fmt::format("{}{}", names.empty() ? "" : ", ", k);
+      line(fmt::format("           - {}: {}", names, reason));
+    }
+    for (const auto& t : p.selection.trace) {
+      if (t.supported) line(fmt::format("           + {}: supported", t.kernel));
     }
   }
   if (!p.quant_config_name.empty() || !p.quant_config.empty()) {

@@ -15,6 +15,13 @@ inline bool& json_output() {
   return v;
 }
 
+// The exit status main() returns after a successful parse: a subcommand sets it to say "the answer
+// is no" (e.g. `plan` for a deployment that does not work: 1) without raising an error (2).
+inline int& exit_status() {
+  static int v = 0;
+  return v;
+}
+
 // Prints a JSON document followed by a newline.
 inline void print_json(const nlohmann::json& j) { std::cout << j.dump(2) << "\n"; }
 

@@ -34,5 +34,5 @@ int main(int argc, char** argv) {
     }
     return 3;
   }
-  return 0;
+  return fp8moe::cli::exit_status();
 }
