@@ -165,8 +165,8 @@ ForwardCheck check_forward(const Fp8MoeLayer& layer, const TensorView& x,
     rw13 = dequantize(hw.w13, hw.w13_scale, plan.scheme);
     rw2 = dequantize(hw.w2, hw.w2_scale, plan.scheme);
     r.unquantized_weights =
-        "the dequantised fp8 weights (the checkpoint holds no real-valued weights): the "
-        "difference is what activation quantisation and bf16 rounding cost";
+        "the dequantised fp8 weights (no real-valued weights given: this measures activation "
+        "quantisation and rounding only)";
   }
   u.w13 = rw13.view();
   u.w2 = rw2.view();
