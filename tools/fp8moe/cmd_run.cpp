@@ -26,6 +26,7 @@
 #include "fp8moe/error.hpp"
 #include "fp8moe/layer.hpp"
 #include "fp8moe/numerics.hpp"
+#include "kernels/registry.hpp"
 #include "layer/bench.hpp"
 
 namespace fp8moe::cli {
@@ -299,8 +300,17 @@ void write_output(const std::string& path, const Inputs& in, const Tensor& out,
   w.write(path);
 }
 
+// --kernel / --backend items must name something fp8moe has (ValueError: exit status 2).
+void check_kernel_name(const std::string& k) {
+  if (k.empty() || k == "oracle" || k == "ref" || find_experts_impl(k)) return;
+  std::string names = "oracle, ref";
+  for (const ExpertsImpl* i : experts_impls()) names += fmt::format(", {}", i->name);
+  throw ValueError(fmt::format("unknown --kernel '{}': this build has {}", k, names));
+}
+
 void run_run(const RunOptions& o) {
   json_output() = o.json;
+  check_kernel_name(o.kernel);
   const ModelConfig model = load_model_config(o.model);
   const int layer_index =
       o.layer < 0 ? (model.moe_layers.empty() ? 0 : model.moe_layers.front()) : o.layer;
@@ -650,6 +660,10 @@ void run_bench(const BenchOptions& o) {
   if (Ms.empty()) throw ValueError("--tokens is empty");
   const std::vector<std::string> items = split_list(o.backends);
   if (items.empty()) throw ValueError("--backend is empty");
+  for (const auto& item : items) {
+    const auto names = fp8_moe_backend_names();
+    if (std::find(names.begin(), names.end(), item) == names.end()) check_kernel_name(item);
+  }
   const DType dt = parse_act_dtype(o.dtype);
   const OracleEnv env = make_env(o.env, o.ignore_environment);
   const uint64_t budget = static_cast<uint64_t>(o.max_weight_mib) << 20;
