@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # make demo: the main job on the CPU, in well under two minutes on a 2-core machine.
 #   1. the bundled example checkpoint (a small Qwen3-MoE-shaped FP8 model), written if missing;
-#   2. the plan for it at TP 1 and at TP 4, where 640 / 4 = 160 rows per rank are not whole
-#      128-blocks, so the block scales are refined to 32x32 at load;
+#   2. the plan for it at TP 1 on this machine, and at TP 4 on a simulated H200, where 640 / 4 = 160
+#      rows per rank are not whole 128-blocks, so the block scales are refined to 32x32 at load
+#      and only Triton takes them;
 #   3. one checked forward on the CPU (the oracle's kernel, or the float64 reference when the
 #      oracle's choice has no implementation on this machine), and the four TP 4 ranks summed
 #      against the unsharded layer;
@@ -42,9 +43,9 @@ show fp8moe run "$EX" --plan-only
 tp1_status=0
 "$BIN" run "$EX" --plan-only || tp1_status=$?
 
-say "3/4 the plan at TP 4 (160 rows per rank: the 128x128 block scales are refined)"
-show fp8moe run "$EX" --tp 4 --plan-only --kernel ref
-"$BIN" run "$EX" --tp 4 --plan-only --kernel ref
+say "3/4 the plan at TP 4 on an H200 (simulated): 160 rows per rank, so the 128x128 scales are refined"
+show fp8moe run "$EX" --tp 4 --plan-only --platform cuda:90
+"$BIN" run "$EX" --tp 4 --plan-only --platform cuda:90
 
 say "4/4 one checked forward on the CPU ($TOKENS tokens)"
 KERNEL=()

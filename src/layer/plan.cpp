@@ -44,7 +44,9 @@ const ExpertsImpl* lookup_impl(std::string_view name) {
 
 std::string known_impls() {
   std::string s = "ref";
-  for (const ExpertsImpl* i : experts_impls()) s += fmt::format(", {}", i->name);
+  for (const ExpertsImpl* i : experts_impls()) {
+    if (std::string_view(i->name) != "ref") s += fmt::format(", {}", i->name);
+  }
   return s;
 }
 

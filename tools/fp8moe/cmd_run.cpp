@@ -243,6 +243,7 @@ struct RunOptions {
   int reps = 5;
   int64_t max_tokens = 1024;
   bool check = false, plan_only = false, json = false, brief = false;
+  std::string platform, installed;
   std::vector<std::string> env;
   bool ignore_environment = false;
 };
@@ -304,7 +305,9 @@ void write_output(const std::string& path, const Inputs& in, const Tensor& out,
 void check_kernel_name(const std::string& k) {
   if (k.empty() || k == "oracle" || k == "ref" || find_experts_impl(k)) return;
   std::string names = "oracle, ref";
-  for (const ExpertsImpl* i : experts_impls()) names += fmt::format(", {}", i->name);
+  for (const ExpertsImpl* i : experts_impls()) {
+    if (std::string_view(i->name) != "ref") names += fmt::format(", {}", i->name);
+  }
   throw ValueError(fmt::format("unknown --kernel '{}': this build has {}", k, names));
 }
 
@@ -326,6 +329,15 @@ void run_run(const RunOptions& o) {
   opts.env = make_env(o.env, o.ignore_environment);
   opts.kernel = o.kernel == "oracle" ? "" : o.kernel;
   opts.max_num_tokens = o.max_tokens;
+  if (!o.platform.empty()) {
+    // A simulated deployment: the plan is vLLM's decision there; only the reference can run it
+    // here (it computes what that deployment's scheme computes).
+    opts.platform = Platform::parse(o.platform);
+    if (!o.installed.empty()) opts.platform->set_installed(o.installed);
+  } else if (!o.installed.empty()) {
+    throw ValueError("--installed needs --platform (this machine's kernels are what they are)");
+  }
+  const bool simulated = opts.platform.has_value();
   const DType dt = parse_act_dtype(o.dtype);
 
   CheckpointLayerRequest req;
@@ -353,7 +365,9 @@ void run_run(const RunOptions& o) {
       for (const auto& l : layer_plan_to_text(plan)) std::cout << "  " << l << "\n";
     }
   }
-  const bool plannable = plan.ok && plan.runnable;
+  // A plan answers "yes" when it runs here, or, for a simulated platform with --plan-only, when
+  // vLLM's decision there succeeded.
+  const bool plannable = plan.ok && (plan.runnable || (simulated && o.plan_only));
   if (o.plan_only || !plannable) {
     if (!plannable) exit_status() = 1;
     j["ok"] = plannable;
@@ -368,6 +382,13 @@ void run_run(const RunOptions& o) {
     } else if (!plannable) {
       std::cout << "result  cannot run here: "
                 << (plan.ok ? plan.not_runnable_reason : plan.error_message) << "\n";
+    } else if (simulated && !plan.runnable) {
+      std::cout << fmt::format(
+          "result  planned for {} (simulated): {} there; here only --kernel ref can run it\n",
+          opts.platform->str(),
+          plan.selection.kernel ? fmt::format("{} / {}", backend_value(plan.selection.backend),
+                                              plan.selection.kernel->name)
+                                : backend_value(plan.selection.backend));
     }
     return;
   }
@@ -882,6 +903,11 @@ void add_run_commands(CLI::App& app) {
     sub->add_flag("--check", o->check, "compare against the reference and the unquantised layer");
     sub->add_flag("--plan-only", o->plan_only, "print the plan and stop");
     sub->add_flag("--brief", o->brief, "one line for the plan and one per rank");
+    sub->add_option("--platform", o->platform,
+                    "plan for a simulated deployment (cuda:90, cuda:100, rocm:gfx942, ...); with "
+                    "it only --plan-only or --kernel ref run");
+    sub->add_option("--installed", o->installed,
+                    "kernel families installed on the simulated platform (default all)");
     sub->add_option("--env", o->env,
                     "NAME=VALUE for a vLLM variable the oracle reads (repeatable)");
     sub->add_flag("--ignore-environment", o->ignore_environment,
