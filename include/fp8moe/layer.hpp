@@ -198,7 +198,9 @@ struct Fp8MoeLayerOptions {
   // selected backend's scheme); with the oracle's choice NONE they follow the generic fp8_w8a8
   // branch of make_fp8_moe_quant_config.
   std::string kernel;
-  Device device = Device::cpu();  // where the weights live and forward runs
+  // Where the weights live and forward runs; unset: where the chosen implementation runs (cuda:0
+  // for a CUDA kernel, the host otherwise).
+  std::optional<Device> device;
   int64_t max_num_tokens = 1024;  // the owned workspace is sized for this; longer calls run in
                                   // chunks of this many tokens (never an allocation per call)
 };
@@ -246,6 +248,7 @@ struct Fp8MoeLayerPlan {
   std::string fallback_class;           // "TritonExperts" for the FallbackExperts
   bool runnable = false;                // an implementation runs this layer here
   std::string not_runnable_reason;
+  Device device{};  // where the layer's weights live and forward runs
 
   // The first step that failed (the plan stops there).
   bool ok = false;

@@ -215,9 +215,10 @@ Fp8MoeLayer Fp8MoeLayer::build(const Fp8MoeLayerSpec& spec, Fp8MoeLayerPlan plan
     throw ValueError(
         fmt::format("Fp8MoeLayer: max_num_tokens must be positive, got {}", opt.max_num_tokens));
   }
-  check_weights(plan, weights, opt.device);
+  const Device device = plan.device;
+  check_weights(plan, weights, device);
   auto st = std::make_unique<State>();
-  st->device = opt.device;
+  st->device = device;
   st->max_tokens = opt.max_num_tokens;
   st->weight_on_input = spec.apply_router_weight_on_input;
   const std::array<int64_t, 2> block = plan.block.value_or(std::array<int64_t, 2>{0, 0});
@@ -225,7 +226,7 @@ Fp8MoeLayer Fp8MoeLayer::build(const Fp8MoeLayerSpec& spec, Fp8MoeLayerPlan plan
                                                  plan.scheme.weight, block, plan.scheme.fp8);
   for (Tensor* t : {&w.w13, &w.w2, &w.w13_scale, &w.w2_scale, &w.w13_bias, &w.w2_bias, &w.a13_scale,
                     &w.a2_scale, &w.expert_map}) {
-    *t = to_device(*t, opt.device);
+    *t = to_device(*t, device);
   }
   st->w = std::move(w);
   // The quant config with the loaded scale tensors (what the kernel would be built with in vLLM).
@@ -246,7 +247,7 @@ Fp8MoeLayer Fp8MoeLayer::build(const Fp8MoeLayerSpec& spec, Fp8MoeLayerPlan plan
           "expert)",
           b.view().describe(), plan.num_experts));
     }
-    st->e_score_bias = to_device(b, opt.device);
+    st->e_score_bias = to_device(b, device);
     st->routing.e_score_correction_bias = st->e_score_bias.view();
   }
   numerics::check_routing_config(st->routing, plan.num_experts);

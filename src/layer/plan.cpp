@@ -167,7 +167,8 @@ Fp8MoeLayerPlan plan_fp8_moe_layer(const Fp8MoeLayerSpec& spec, const Fp8MoeLaye
 
   // ---- 0. the layer config -------------------------------------------------------------------
   MoeConfig cfg = spec.config;
-  cfg.device = std::string(device_kind_name(opt.device.kind));
+  cfg.device = opt.device ? std::string(device_kind_name(opt.device->kind))
+                          : std::string(platform.is_cpu() ? "cpu" : "cuda");
   try {
     cfg.post_init();
   } catch (const Error& e) {
@@ -469,14 +470,16 @@ Fp8MoeLayerPlan plan_fp8_moe_layer(const Fp8MoeLayerSpec& spec, const Fp8MoeLaye
   if (primary) {
     p.implementation = primary->name;
     if (fallback) p.fallback_implementation = fallback->name;
+    p.device =
+        opt.device.value_or(primary->device == DeviceKind::kCuda ? Device::cuda(0) : Device::cpu());
     for (const ExpertsImpl* impl : {primary, fallback}) {
       if (!impl) continue;
       if (impl->available && !impl->available()) {
         not_runnable(
             fmt::format("fp8moe's {} kernel is built but cannot run on this machine", impl->name));
-      } else if (!device_matches(*impl, opt.device)) {
+      } else if (!device_matches(*impl, p.device)) {
         not_runnable(fmt::format("fp8moe's {} kernel runs on {}, but the layer's device is {}",
-                                 impl->name, device_kind_name(impl->device), opt.device.str()));
+                                 impl->name, device_kind_name(impl->device), p.device.str()));
       }
     }
     if (p.not_runnable_reason.empty()) p.runnable = true;
@@ -619,7 +622,8 @@ ordered_json layer_plan_to_json(const Fp8MoeLayerPlan& p) {
                           {"clamp_block_scales", k.clamp_block_scales},
                           {"fp8moe_layout", std::string(weight_layout_name(p.layout))}};
   }
-  j["implementation"] = {{"kernel_request", p.kernel_request},
+  j["implementation"] = {{"device", p.device.str()},
+                         {"kernel_request", p.kernel_request},
                          {"implementation", p.implementation},
                          {"fallback_implementation", p.fallback_implementation},
                          {"kernel_class", p.kernel_class},

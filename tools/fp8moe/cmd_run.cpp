@@ -87,6 +87,16 @@ OracleEnv make_env(const std::vector<std::string>& pairs, bool ignore_environmen
   return env;
 }
 
+// "cpu", "cuda", "cuda:N".
+Device parse_device(const std::string& s) {
+  if (s == "cpu") return Device::cpu();
+  if (s == "cuda") return Device::cuda(0);
+  if (s.rfind("cuda:", 0) == 0) {
+    return Device::cuda(static_cast<int>(parse_count(s.substr(5), "--device cuda index", 0)));
+  }
+  throw ValueError(fmt::format("--device '{}': expected cpu, cuda or cuda:N", s));
+}
+
 DType parse_act_dtype(const std::string& s) {
   const DType d = parse_dtype(s);
   if (d != DType::kBF16 && d != DType::kF32) {
@@ -243,7 +253,7 @@ struct RunOptions {
   int reps = 5;
   int64_t max_tokens = 1024;
   bool check = false, plan_only = false, json = false, brief = false;
-  std::string platform, installed;
+  std::string platform, installed, device;
   std::vector<std::string> env;
   bool ignore_environment = false;
 };
@@ -338,6 +348,7 @@ void run_run(const RunOptions& o) {
     throw ValueError("--installed needs --platform (this machine's kernels are what they are)");
   }
   const bool simulated = opts.platform.has_value();
+  if (!o.device.empty()) opts.device = parse_device(o.device);
   const DType dt = parse_act_dtype(o.dtype);
 
   CheckpointLayerRequest req;
@@ -413,9 +424,13 @@ void run_run(const RunOptions& o) {
     req.rank = r;
     Fp8MoeLayer layer = Fp8MoeLayer::from_checkpoint(o.model, req, opts);
     const KernelChoice kc = layer.kernel_for(M);
-    Tensor out = Tensor::empty({M, model.hidden_size}, in.x.dtype());
-    layer.forward(in.x, in.logits, out);
-    const bench::Timing t = bench::time_forward(layer, in.x, in.logits, out, 0.0, o.reps, o.reps);
+    // Inputs on the layer's device (a CUDA kernel's layer lives on the GPU).
+    const Device dev = layer.device();
+    const Tensor x = dev.is_cpu() ? in.x : in.x.to(dev);
+    const Tensor logits = dev.is_cpu() ? in.logits : in.logits.to(dev);
+    Tensor out = Tensor::empty({M, model.hidden_size}, in.x.dtype(), dev);
+    layer.forward(x, logits, out);
+    const bench::Timing t = bench::time_forward(layer, x, logits, out, 0.0, o.reps, o.reps);
     ordered_json jj;
     jj["rank"] = r;
     jj["kernel"] = {
@@ -436,7 +451,7 @@ void run_run(const RunOptions& o) {
                                fmt_seconds(t.max_s), layer.device().str());
     }
     if (o.check) {
-      const ForwardCheck c = check_forward(layer, in.x, in.logits, out);
+      const ForwardCheck c = check_forward(layer, x, logits, out);
       const bool pass = check_passes(c);
       ok = ok && pass;
       jj["check"] = {{"reference_is_kernel", c.reference_is_kernel},
@@ -478,9 +493,10 @@ void run_run(const RunOptions& o) {
     }
     if (ranks.size() > 1) {
       if (sum.empty()) sum.assign(static_cast<std::size_t>(out.numel()), 0.0f);
-      for (int64_t i = 0; i < out.numel(); ++i) sum[i] += load(out, i);
+      const Tensor oh = dev.is_cpu() ? out : out.to(Device::cpu());
+      for (int64_t i = 0; i < oh.numel(); ++i) sum[i] += load(oh, i);
     }
-    last_out = out;
+    last_out = dev.is_cpu() ? out : out.to(Device::cpu());
     jr.push_back(jj);
   }
   j["ranks"] = jr;
@@ -767,10 +783,14 @@ void run_bench(const BenchOptions& o) {
         progress(
             fmt::format("bench [{}/{}] {} M={} {} ({})...", done, total, tg.name, M, item, r.impl),
             false);
-        const Tensor x = randn(M, r.K, dt, 0.1f, o.seed + static_cast<uint64_t>(M));
-        const Tensor logits =
-            randn(M, r.E, DType::kF32, 1.0f, o.seed + 7 * static_cast<uint64_t>(M));
-        Tensor out = Tensor::empty({M, r.K}, dt);
+        const Device dev = layer->device();
+        Tensor x = randn(M, r.K, dt, 0.1f, o.seed + static_cast<uint64_t>(M));
+        Tensor logits = randn(M, r.E, DType::kF32, 1.0f, o.seed + 7 * static_cast<uint64_t>(M));
+        if (!dev.is_cpu()) {
+          x = x.to(dev);
+          logits = logits.to(dev);
+        }
+        Tensor out = Tensor::empty({M, r.K}, dt, dev);
         try {
           r.t = bench::time_forward(*layer, x, logits, out, o.min_time, o.min_reps, o.max_reps);
         } catch (const Error& e) {
@@ -903,6 +923,9 @@ void add_run_commands(CLI::App& app) {
     sub->add_flag("--check", o->check, "compare against the reference and the unquantised layer");
     sub->add_flag("--plan-only", o->plan_only, "print the plan and stop");
     sub->add_flag("--brief", o->brief, "one line for the plan and one per rank");
+    sub->add_option("--device", o->device,
+                    "where the weights live and the layer runs: cpu, cuda[:N] (default: where "
+                    "the chosen kernel runs)");
     sub->add_option("--platform", o->platform,
                     "plan for a simulated deployment (cuda:90, cuda:100, rocm:gfx942, ...); with "
                     "it only --plan-only or --kernel ref run");
