@@ -375,10 +375,23 @@ Fp8MoeLayerPlan plan_fp8_moe_layer(const Fp8MoeLayerSpec& spec, const Fp8MoeLaye
           "the checkpoint declares scale_fmt ue8m0: activations are quantised with power-of-two "
           "(UE8M0) scales in every backend (pitfall 13)");
     } else if (p.deep_gemm_e8m0) {
-      p.scheme.ue8m0_scales = true;
-      p.scheme_notes.push_back(
-          "is_deep_gemm_e8m0_used(): per_token_group_quant_fp8 rounds activation scales up to "
-          "powers of two in every path, Triton included");
+      // vLLM's per_token_group_quant_fp8 rounds scales up to powers of two whenever E8M0 is in
+      // use; it is the activation quantiser of the Triton and DeepGEMM paths. FlashInfer, TRT-LLM,
+      // AITER and Humming quantise inside their own kernels.
+      const bool vllm_group_quant =
+          qb == Fp8MoeBackend::kTriton || qb == Fp8MoeBackend::kBatchedTriton ||
+          qb == Fp8MoeBackend::kDeepGemm || qb == Fp8MoeBackend::kBatchedDeepGemm;
+      if (vllm_group_quant) {
+        p.scheme.ue8m0_scales = true;
+        p.scheme_notes.push_back(
+            "is_deep_gemm_e8m0_used(): per_token_group_quant_fp8 rounds activation scales up to "
+            "powers of two in every path, Triton included");
+      } else {
+        p.scheme_notes.push_back(fmt::format(
+            "is_deep_gemm_e8m0_used() holds, but {} quantises activations inside its own kernel "
+            "(not per_token_group_quant_fp8); the reference models that with fp32 scales",
+            backend_value(qb)));
+      }
     }
   } else if (q.scale_fmt_ue8m0) {
     p.scheme_notes.push_back(fmt::format(
@@ -703,14 +716,21 @@ std::vector<std::string> layer_plan_to_text(const Fp8MoeLayerPlan& p) {
   }
   if (p.kernel_format) {
     const auto& k = *p.kernel_format;
-    line(fmt::format("weights    vLLM {} for {}: {}", k.vllm_function, backend_value(k.backend),
-                     weight_layout_name(k.vllm_layout)));
-    for (const auto& s : k.vllm_steps) line(fmt::format("           - {}", s));
+    if (k.vllm_layout == WeightLayout::kCanonical && !k.requantize_ue8m0 && !k.clamp_block_scales) {
+      line(
+          fmt::format("weights    {}: convert_to_fp8_moe_kernel_format leaves them unchanged "
+                      "(canonical layout)",
+                      backend_value(k.backend)));
+    } else {
+      line(fmt::format("weights    {}: vLLM calls {} ({} layout)", backend_value(k.backend),
+                       k.vllm_function, weight_layout_name(k.vllm_layout)));
+      for (const auto& s : k.vllm_steps) line(fmt::format("           - {}", s));
+    }
     if (p.runnable) {
       line(fmt::format("           fp8moe's {} reads the {} layout{}", p.implementation,
                        weight_layout_name(p.layout),
                        k.requantize_ue8m0 || k.clamp_block_scales
-                           ? " (the value changes above are applied)"
+                           ? "; the value changes above are applied"
                            : ""));
     }
   }

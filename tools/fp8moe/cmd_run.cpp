@@ -391,8 +391,10 @@ void run_run(const RunOptions& o) {
     if (o.json) {
       print_ordered(j);
     } else if (!plannable) {
-      std::cout << "result  cannot run here: "
-                << (plan.ok ? plan.not_runnable_reason : plan.error_message) << "\n";
+      std::cout << (plan.ok ? "result  cannot run here: " + plan.not_runnable_reason
+                            : fmt::format("result  the plan failed at '{}': {}: {}",
+                                          plan.failed_step, plan.error_kind, plan.error_message))
+                << "\n";
     } else if (simulated && !plan.runnable) {
       std::cout << fmt::format(
           "result  planned for {} (simulated): {} there; here only --kernel ref can run it\n",
