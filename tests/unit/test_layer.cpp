@@ -358,6 +358,27 @@ TEST(Layer, BadInputsAreNamed) {
       [&] { Fp8MoeLayer::from_checkpoint(example_dir(), req, ref_options()); }, {"rank 2"}));
 }
 
+TEST(Layer, Mi300PlanNormalisesTheWeightsToFnuz) {
+  Fp8MoeLayerOptions o = ref_options();
+  o.platform = Platform::parse("rocm:gfx942");
+  Fp8MoeLayer layer = Fp8MoeLayer::from_checkpoint(example_dir(), {}, o);
+  EXPECT_EQ(layer.device(), Device::cpu());  // the reference runs on the host
+  EXPECT_EQ(layer.plan().scheme.fp8, DType::kF8E4M3FNUZ);
+  EXPECT_EQ(layer.weights().w13.dtype(), DType::kF8E4M3FNUZ);
+  ASSERT_FALSE(layer.weights().applied.empty());
+  EXPECT_NE(layer.weights().applied.front().find("e4m3fnuz"), std::string::npos);
+  // Same codes (0x80 aside), scales doubled: every dequantised weight is unchanged.
+  Fp8MoeLayer fn = Fp8MoeLayer::from_checkpoint(example_dir(), {}, ref_options());
+  const Tensor& a = fn.weights().w13_scale;
+  const Tensor& b = layer.weights().w13_scale;
+  ASSERT_EQ(a.numel(), b.numel());
+  for (int64_t i = 0; i < a.numel(); ++i) ASSERT_EQ(b.ptr<float>()[i], 2 * a.ptr<float>()[i]);
+  // And the layer computes the same function: fnuz with max 224 is e4m3fn halved.
+  const Tensor x = randn_bf16(5, 256, 0.1f, 31);
+  const Tensor logits = randn_f32(5, 8, 1.0f, 32);
+  EXPECT_TRUE(testing::compare_bitwise(layer.forward(x, logits), fn.forward(x, logits)).ok);
+}
+
 // ---- caller tensors ---------------------------------------------------------------------------
 
 struct CallerLayer {

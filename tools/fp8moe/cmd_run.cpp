@@ -445,6 +445,17 @@ void run_run(const RunOptions& o) {
       std::cout << fmt::format("run     {}{} for M = {}, {} median of {} runs\n", who, kc.impl_name,
                                M, fmt_seconds(t.median_s), t.reps);
     }
+    const auto& applied = layer.weights().applied;
+    jj["prepared"] = {{"layout", std::string(weight_layout_name(layer.weights().layout))},
+                      {"applied", applied},
+                      {"device", dev.str()}};
+    if (!o.json && !o.brief && r == ranks.front()) {
+      std::cout << fmt::format(
+          "weights {}\n",
+          applied.empty() ? std::string("used as loaded (canonical layout)") : applied.front());
+      for (std::size_t i = 1; i < applied.size(); ++i)
+        std::cout << "        " << applied[i] << "\n";
+    }
     if (!o.json && !o.brief) {
       std::cout << fmt::format("kernel  {}{} for M = {}{}\n", who, kc.impl_name, M,
                                kc.why.empty() ? "" : fmt::format(" ({})", kc.why));
