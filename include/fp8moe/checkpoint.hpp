@@ -3,14 +3,16 @@
 // model family, and TP/EP sharding of block-quantised expert weights exactly as the oracle decided
 // (keep, refine = scale upsampling, pad = padded-stride layout).
 //
-// Everything here reads files but never the machine's state; planning (checkpoint_plan.hpp) works
-// from config.json and the safetensors headers alone, without touching a weight byte.
+// Everything here reads files but never the machine's state. The planner (plan_model, at the end)
+// works from config.json and the safetensors headers alone, without touching a weight byte, and
+// asks the oracle (oracle.hpp) what vLLM would decide.
 #pragma once
 
 #include <array>
 #include <cstdint>
 #include <map>
 #include <memory>
+#include <nlohmann/json.hpp>
 #include <optional>
 #include <span>
 #include <string>
@@ -20,6 +22,9 @@
 #include "fp8moe/config.hpp"
 #include "fp8moe/dtype.hpp"
 #include "fp8moe/fused_moe.hpp"
+#include "fp8moe/oracle.hpp"
+#include "fp8moe/oracle_env.hpp"
+#include "fp8moe/platform.hpp"
 #include "fp8moe/quant_key.hpp"
 #include "fp8moe/tensor.hpp"
 
@@ -404,7 +409,8 @@ struct ExpertPlacement {
   int num_local() const { return static_cast<int>(local_to_global.size()); }
 };
 // Linear: contiguous ranges; the first E % ep ranks get one extra expert (E=128, EP=6 ->
-// 22,22,21,21,21,21). Round robin: expert e lives on rank e % ep.
+// 22,22,21,21,21,21). Round robin: expert e lives on rank e % ep. With more ranks than experts the
+// extra ranks hold none. Throws ValueError for E < 1 or a rank outside the group.
 ExpertPlacement place_experts(int num_experts, int ep_size, int ep_rank,
                               ExpertPlacementStrategy strategy = ExpertPlacementStrategy::kLinear);
 
@@ -472,5 +478,110 @@ struct LoadedMoeLayer {
 // written (checked). Reads only the tensors of the rank's experts.
 LoadedMoeLayer load_moe_layer(const SafetensorsCheckpoint& ckpt, const ModelConfig& model,
                               int layer, const TpShard& tp, const ExpertPlacement& ep);
+
+// =====================================================================================================
+// The deployment planner (fp8moe plan)
+// =====================================================================================================
+
+// The parallel layout as vLLM takes it: --tensor-parallel-size, --data-parallel-size, prefill
+// context parallel, --enable-expert-parallel. With EP the flattened dp*pcp*tp ranks become EP ranks
+// and the MoE layer's TP is 1 (FusedMoEParallelConfig.make).
+struct PlanParallel {
+  int tp = 1;
+  int dp = 1;
+  int pcp = 1;
+  int ep = 0;            // 0: not given; otherwise must equal dp*pcp*tp (sets enable_ep when > 1)
+  bool tp_given = true;  // false: an --ep without --tp sets tp = ep / (dp*pcp)
+  bool enable_ep = false;
+  std::string all2all_backend = "allgather_reducescatter";
+  // Throws ValueError for sizes < 1, an --ep that is not dp*pcp*tp, an unknown all2all backend.
+  MoeParallelConfig make() const;
+};
+
+struct PlanOptions {
+  PlanParallel parallel;
+  std::string moe_backend = "auto";  // vLLM --moe-backend (normalised: lower case, '-' -> '_')
+  std::optional<DType> act_dtype;    // activation dtype; default: the model's torch_dtype
+  bool lora = false;
+};
+
+// Expert memory of one rank for one layer, in the checkpoint layout the loader produces.
+struct RankMemory {
+  int rank = 0;  // TP rank (pure TP) or EP rank (expert parallel)
+  int num_local_experts = 0;
+  int64_t local_intermediate = 0;  // W: per-rank allocation (padded under kPad)
+  int64_t valid_intermediate = 0;  // rows of real weights (< W on padded ranks)
+  uint64_t weight_bytes = 0;       // fp8 w13 + w2
+  uint64_t scale_bytes = 0;        // weight scales (+ static input scales)
+};
+
+// The plan for one distinct MoE layer shape (most models have one).
+struct ShapePlan {
+  std::vector<int> layers;  // decoder layers with this shape
+  int64_t hidden = 0, intermediate = 0;
+  int num_experts = 0, topk = 0;
+  bool ignored = false;    // the ignore list leaves these experts unquantised
+  std::string checkpoint;  // what the safetensors headers showed ("" when planning config.json)
+
+  bool ok = false;
+  std::string
+      failed_step;  // "parallel" | "fp8" | "resolve" | "select" | "validate" | "quant_config"
+  std::string error_kind;  // "ValueError", "NotImplementedError", ...
+  std::string error_message;
+
+  MoeConfig moe_config;  // after block resolution (tp_shard_with_padding, per-partition size)
+  std::string resolution = "none";  // "keep" | "refine" | "pad" | "none" (no block quantisation)
+  std::string resolution_why;
+  std::optional<std::array<int64_t, 2>> checkpoint_block;
+  std::optional<std::array<int64_t, 2>> block;   // the blocks the weights are loaded with
+  std::optional<std::array<int64_t, 2>> refine;  // scale upsampling factor
+  bool padded = false;
+  OptQuantKey weight_key, activation_key;  // as passed to select_fp8_moe_backend
+  bool allow_vllm_cutlass = false;
+  Selection selection;  // complete when ok; the progress so far when selection failed
+  bool selected = false;
+  std::string quant_config;       // MoeQuantConfig::describe()
+  std::string quant_config_name;  // "fp8_w8a8" ...
+  std::vector<std::string> notes;
+
+  std::vector<RankMemory> ranks;  // every rank, per layer
+  uint64_t max_rank_bytes_per_layer = 0;
+  uint64_t max_rank_bytes = 0;  // over all the layers of this shape
+  // FLOPs of one routed (token, expert) pair in one layer, summed over the TP ranks: useful =
+  // 2*H*(2I) + 2*H*I (gated), executed counts the padded rows too.
+  double useful_flops = 0, executed_flops = 0;
+  double padding_overhead() const {
+    return useful_flops > 0 ? executed_flops / useful_flops - 1 : 0;
+  }
+};
+
+struct ModelPlan {
+  ModelConfig model;
+  std::string platform;  // Platform::describe()
+  std::string parallel;  // MoeParallelConfig::repr()
+  int world_size = 1;    // GPUs the MoE layer spans
+  std::string moe_backend = "auto";
+  bool headers_read = false;
+  std::size_t checkpoint_shards = 0, checkpoint_tensors = 0;
+  uint64_t checkpoint_bytes = 0;
+  bool weight_bytes_read = false;  // must stay false: planning reads headers only
+  std::vector<ShapePlan> shapes;
+  std::string error;  // set when the layout itself is invalid (e.g. --ep mismatch)
+  bool ok() const;
+  uint64_t max_rank_bytes() const;  // all MoE layers, the fullest rank
+};
+
+// Plans every MoE layer of `model` for a deployment: the checkpoint's keys (§5.1), the TP block
+// resolution (keep / refine / pad and why), the oracle's selection with its trace, the quant
+// config, per-rank expert bytes and padding's extra FLOPs. `ckpt` (optional) is cross-checked
+// against the config: every routed expert tensor must exist with the expected dtype and shape
+// (FormatError naming the tensor otherwise). Never reads a weight byte. Decision failures (no
+// backend, misaligned blocks) are recorded in the ShapePlan, not thrown.
+ModelPlan plan_model(const ModelConfig& model, const SafetensorsCheckpoint* ckpt,
+                     const PlanOptions& options, const Platform& platform, const OracleEnv& env);
+nlohmann::ordered_json plan_to_json(const ModelPlan& plan);
+
+// The TP shard a rank loads for a planned shape (kPlain for non-block schemes).
+TpShard plan_tp_shard(const ShapePlan& shape, int tp_rank);
 
 }  // namespace fp8moe

@@ -21,7 +21,7 @@
 
 namespace fp8moe {
 
-using json = nlohmann::ordered_json;
+using nlohmann::json;
 
 namespace {
 
@@ -68,11 +68,53 @@ std::string quote_json(const json& v) {
   return s;
 }
 
-struct HeaderAbort {
-  std::string message;
-};
-
 constexpr int kMaxJsonDepth = 64;
+
+// SAX handler of the pre-pass: nesting depth, top-level names in order, duplicates.
+struct HeaderSax : nlohmann::json_sax<json> {
+  int depth = 0;
+  std::set<std::string, std::less<>> seen;
+  std::vector<std::string> names;
+  std::string error;
+
+  bool enter() {
+    if (++depth > kMaxJsonDepth) {
+      error = fmt::format("invalid header: JSON nesting deeper than {} levels", kMaxJsonDepth);
+      return false;
+    }
+    return true;
+  }
+  bool null() override { return true; }
+  bool boolean(bool) override { return true; }
+  bool number_integer(number_integer_t) override { return true; }
+  bool number_unsigned(number_unsigned_t) override { return true; }
+  bool number_float(number_float_t, const string_t&) override { return true; }
+  bool string(string_t&) override { return true; }
+  bool binary(binary_t&) override { return true; }
+  bool start_object(std::size_t) override { return enter(); }
+  bool end_object() override {
+    --depth;
+    return true;
+  }
+  bool start_array(std::size_t) override { return enter(); }
+  bool end_array() override {
+    --depth;
+    return true;
+  }
+  bool key(string_t& k) override {
+    if (depth != 1) return true;
+    if (!seen.insert(k).second) {
+      error = fmt::format("invalid header: tensor '{}' appears twice in the header", k);
+      return false;
+    }
+    names.push_back(k);
+    return true;
+  }
+  bool parse_error(std::size_t, const std::string&, const nlohmann::detail::exception& e) override {
+    error = fmt::format("header is not valid JSON: {}", e.what());
+    return false;
+  }
+};
 
 }  // namespace
 
@@ -150,25 +192,19 @@ ParsedSafetensorsHeader parse_safetensors_header(std::span<const uint8_t> prefix
                     file, static_cast<unsigned>(static_cast<unsigned char>(text[0]))));
   }
 
-  // Parse, rejecting duplicate top-level names (the format forbids them; JSON libraries would keep
-  // the last one silently) and absurd nesting.
-  std::set<std::string, std::less<>> seen;
+  // A SAX pre-pass rejects duplicate top-level names (the format forbids them; a JSON DOM would
+  // keep the last one silently) and absurd nesting, and records the header order; then the DOM is
+  // built. (nlohmann's callback parser would do both in one pass but scans the parent object at
+  // every nested object's end: quadratic in the number of tensors.)
+  HeaderSax sax;
+  if (!json::sax_parse(text, text + n, &sax)) {
+    throw FormatError(fmt::format("{}: {}{}", file,
+                                  sax.error.empty() ? "header is not valid JSON" : "", sax.error));
+  }
+  std::vector<std::string>& names = sax.names;  // top-level names in header order
   json header;
   try {
-    header = json::parse(text, text + n, [&](int depth, json::parse_event_t event, json& parsed) {
-      if (depth > kMaxJsonDepth) {
-        throw HeaderAbort{fmt::format("JSON nesting deeper than {} levels", kMaxJsonDepth)};
-      }
-      if (event == json::parse_event_t::key && depth == 1) {
-        std::string key = parsed.get<std::string>();
-        if (!seen.insert(key).second) {
-          throw HeaderAbort{fmt::format("tensor '{}' appears twice in the header", key)};
-        }
-      }
-      return true;
-    });
-  } catch (const HeaderAbort& e) {
-    throw FormatError(fmt::format("{}: invalid header: {}", file, e.message));
+    header = json::parse(text, text + n);
   } catch (const json::exception& e) {
     throw FormatError(fmt::format("{}: header is not valid JSON: {}", file, e.what()));
   }
@@ -176,9 +212,8 @@ ParsedSafetensorsHeader parse_safetensors_header(std::span<const uint8_t> prefix
     throw FormatError(fmt::format("{}: the header must be a JSON object", file));
   }
 
-  for (auto it = header.begin(); it != header.end(); ++it) {
-    const std::string& name = it.key();
-    const json& v = it.value();
+  for (const std::string& name : names) {
+    const json& v = header.at(name);
     if (name == "__metadata__") {
       if (!v.is_object()) {
         throw FormatError(fmt::format("{}: __metadata__ must be an object of strings, got {}", file,

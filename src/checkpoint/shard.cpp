@@ -365,11 +365,7 @@ ExpertPlacement place_experts(int num_experts, int ep_size, int ep_rank,
   if (ep_size < 1 || ep_rank < 0 || ep_rank >= ep_size) {
     throw ValueError(fmt::format("EP rank {} is outside an EP group of size {}", ep_rank, ep_size));
   }
-  if (ep_size > num_experts) {
-    throw ValueError(
-        fmt::format("EP size {} exceeds the {} experts: some ranks would hold no expert", ep_size,
-                    num_experts));
-  }
+  // More ranks than experts is allowed (vLLM's map gives the extra ranks no expert).
   ExpertPlacement p;
   p.num_experts = num_experts;
   p.ep_size = ep_size;

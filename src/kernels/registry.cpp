@@ -8,10 +8,13 @@
 
 #include <cstring>
 
+#include "kernels/ref/ref.hpp"
+
 namespace fp8moe {
 
 const std::vector<const ExpertsImpl*>& experts_impls() {
   static const std::vector<const ExpertsImpl*> impls = {
+      &ref::ref_experts_impl(),  // "ref": the float64 reference (no vLLM class names it)
   // CPU kernels (src/kernels/cpu) go here.
 #ifdef FP8MOE_WITH_CUDA
   // CUDA kernels (src/kernels/cuda) go here.

@@ -60,21 +60,27 @@ TEST_F(ExampleCheckpoint, IsARealShardedQwen3MoeCheckpoint) {
   EXPECT_EQ(ck.at("model.layers.0.mlp.gate.weight").dtype_name, "BF16");
 }
 
-TEST_F(ExampleCheckpoint, IsDeterministic) {
-  TempDir again;
-  const auto files = write_example_checkpoint(again.path());
+TEST(ExampleCheckpointGenerator, IsDeterministic) {
+  // A smaller example than the suite's, written twice (and once with another seed).
+  ExampleCheckpointSpec spec;
+  spec.hidden = 128;
+  spec.intermediate = 256;
+  spec.experts = 2;
+  spec.layers = 1;
+  spec.vocab = 64;
+  TempDir a, b, other;
+  const auto files = write_example_checkpoint(a.path(), spec);
+  write_example_checkpoint(b.path(), spec);
   ASSERT_GE(files.size(), 4u);
   for (const std::string& f : files) {
-    const std::string name = f.substr(f.rfind('/') + 1);
-    EXPECT_EQ(slurp(f), slurp(path() + "/" + name)) << name;
+    const std::string name = f.substr(f.rfind('/'));
+    EXPECT_EQ(slurp(f), slurp(b.path() + name)) << name;
   }
-  TempDir other;
-  ExampleCheckpointSpec spec;
   spec.seed = 1;
   write_example_checkpoint(other.path(), spec);
   const std::string shard = files.back().substr(files.back().rfind('/'));
-  ASSERT_FALSE(slurp(path() + shard).empty());
-  EXPECT_NE(slurp(other.path() + shard), slurp(path() + shard));
+  ASSERT_FALSE(slurp(a.path() + shard).empty());
+  EXPECT_NE(slurp(other.path() + shard), slurp(a.path() + shard));
 }
 
 // The dequantised full projection of one expert straight from the checkpoint.

@@ -425,7 +425,9 @@ TEST(ExpertPlacement, RoundRobinAndErrors) {
   EXPECT_EQ(p.local_to_global, (std::vector<int>{1, 5, 9}));
   EXPECT_EQ(p.expert_map[5], 1);
   EXPECT_EQ(p.expert_map[0], -1);
-  EXPECT_THROW(place_experts(4, 8, 0), ValueError);
+  EXPECT_EQ(place_experts(4, 8, 3).num_local(), 1);
+  EXPECT_EQ(place_experts(4, 8, 5).num_local(), 0);  // more ranks than experts: an empty rank
+  EXPECT_EQ(place_experts(4, 8, 5).expert_map, (std::vector<int32_t>{-1, -1, -1, -1}));
   EXPECT_THROW(place_experts(8, 2, 2), ValueError);
   const ExpertPlacement one = place_experts(8, 1, 0);
   EXPECT_EQ(one.num_local(), 8);

@@ -7,6 +7,7 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
+#include <algorithm>
 #include <cctype>
 #include <cmath>
 #include <iostream>
@@ -40,13 +41,16 @@ int parse_int_option(const std::string& opt, const std::string& text, int min_va
   bool digits = false;
   for (; i < text.size() && std::isdigit(static_cast<unsigned char>(text[i])); ++i) {
     digits = true;
-    v = v * 10 + (text[i] - '0');
-    if (v > 1'000'000'000LL) break;
+    if (v <= 1'000'000'000LL) v = v * 10 + (text[i] - '0');  // saturates past the limit
   }
   while (i < text.size() && std::isspace(static_cast<unsigned char>(text[i]))) ++i;
   const char* what = min_value > 0 ? "a positive integer" : "a non-negative integer";
-  if (!digits || i != text.size() || v > 1'000'000'000LL) {
+  if (!digits || i != text.size()) {
     throw ValueError(fmt::format("{} expects {}, got '{}'", opt, what, text));
+  }
+  if (v > 1'000'000'000LL) {
+    throw ValueError(
+        fmt::format("{} expects {} no larger than 1000000000, got '{}'", opt, what, text));
   }
   if (neg) v = -v;
   if (v < min_value) throw ValueError(fmt::format("{} expects {}, got '{}'", opt, what, text));
@@ -83,9 +87,24 @@ BlockShape parse_block(const std::string& opt, const std::string& text) {
 // (vLLM builds the constants with FP8_DTYPE = current_platform.fp8_dtype()); an explicit
 // fp8_e4m3fn: / fp8_e4m3fnuz: dtype is kept as written.
 OptQuantKey parse_key(const std::string& text, const Platform& platform) {
+  if (text.empty()) {
+    // An empty value is a scripting slip, not vLLM's None: that one is spelled 'none'.
+    throw ValueError(
+        "empty quant key: expected a vLLM constant name (e.g. kFp8Static128BlockSym), 'none', or "
+        "fp8:static|dynamic:RxC|tensor|token|channel");
+  }
   OptQuantKey k = parse_quant_key(text);
   const bool explicit_dtype = text.rfind("fp8_e4m3", 0) == 0;
   return explicit_dtype ? k : with_fp8_dtype(k, platform.fp8_dtype());
+}
+
+// The constant name of a key in the platform's flavour ("kFp8Static128BlockSym [e4m3fnuz]").
+std::string key_display(const OptQuantKey& k) {
+  if (!k) return "none";
+  const bool fnuz = k->dtype == KeyDType::kF8E4M3FNUZ;
+  const std::string name = quant_key_name(with_fp8_dtype(k, KeyDType::kF8E4M3FN));
+  if (name.rfind("QuantKey(", 0) == 0) return quant_key_name(k);
+  return fnuz ? name + " [e4m3fnuz]" : name;
 }
 
 void check_no_extras(CLI::App* sub) {
@@ -117,7 +136,8 @@ struct DeploymentOptions {
   std::vector<std::string> env;
   bool ignore_environment = false;
   bool json = false;
-  bool tp_given = false;  // --tp appeared on the command line
+  bool tp_given = false;         // --tp appeared on the command line
+  bool installed_given = false;  // --installed appeared (possibly with an empty value)
 };
 
 void add_platform_options(CLI::App* sub, DeploymentOptions& o) {
@@ -127,7 +147,8 @@ void add_platform_options(CLI::App* sub, DeploymentOptions& o) {
   sub->add_option("--installed", o.installed,
                   "Kernel families installed on the simulated platform: all (default), none, or a "
                   "comma list of deep_gemm, flashinfer_trtllm, flashinfer_cutlass, humming, hpc, "
-                  "aiter, cutlass_group_gemm, amx_tile, amx_fp8");
+                  "aiter, cutlass_group_gemm, amx_tile, amx_fp8")
+      ->each([&o](const std::string&) { o.installed_given = true; });
 }
 
 void add_parallel_options(CLI::App* sub, DeploymentOptions& o) {
@@ -201,6 +222,12 @@ const std::vector<std::string>& known_all2all_backends() {
 }
 
 Platform make_platform(const DeploymentOptions& o) {
+  if (o.installed_given && o.installed.find_first_not_of(" \t") == std::string::npos) {
+    throw ValueError(
+        "--installed '' is empty: expected all, none, or a comma list of deep_gemm, "
+        "flashinfer_trtllm, flashinfer_cutlass, humming, hpc, aiter, cutlass_group_gemm, "
+        "amx_tile, amx_fp8");
+  }
   if (o.platform.empty()) {
     if (!o.installed.empty()) {
       throw ValueError(fmt::format(
@@ -250,6 +277,11 @@ MoeParallelConfig make_parallel(const DeploymentOptions& o, const std::string& a
   return MoeParallelConfig::make(tp, pcp, dp, sp_size, enable_ep, all2all, enable_eplb);
 }
 
+// Accepts vLLM's printed forms too: "MoEActivation.SILU", "RoutingMethodType.DeepSeekV3".
+std::string strip_prefix(const std::string& s, std::string_view prefix) {
+  return s.rfind(prefix, 0) == 0 ? s.substr(prefix.size()) : s;
+}
+
 MoeConfig make_config(const DeploymentOptions& o) {
   MoeConfig c;
   c.num_experts = parse_int_option("--num-experts", o.num_experts, 1);
@@ -258,8 +290,8 @@ MoeConfig make_config(const DeploymentOptions& o) {
   c.intermediate_size = parse_int_option("--intermediate", o.intermediate, 1);
   c.moe_parallel_config =
       make_parallel(o, o.all2all_backend, parse_int_option("--sp", o.sp, 1), o.enable_eplb);
-  c.activation = activation_from_str(o.activation);
-  c.routing_method = parse_routing_method(o.routing_method);
+  c.activation = activation_from_str(strip_prefix(o.activation, "MoEActivation."));
+  c.routing_method = parse_routing_method(strip_prefix(o.routing_method, "RoutingMethodType."));
   c.in_dtype = parse_dtype(o.dtype);
   if (!o.router_logits_dtype.empty()) c.router_logits_dtype = parse_dtype(o.router_logits_dtype);
   c.moe_backend = o.moe_backend;
@@ -332,10 +364,10 @@ void print_trace_human(const std::vector<TraceEntry>& trace, bool only_rejected)
 void run_select(const DeploymentOptions& o) {
   const Platform platform = make_platform(o);
   const OracleEnv env = make_env(o);
-  const MoeConfig config = make_config(o);
+  MoeConfig config = make_config(o);
   const OptQuantKey wk = parse_key(o.weight_key, platform);
   const OptQuantKey ak = parse_key(o.activation_key, platform);
-  check_moe_config_for_platform(config, platform);
+  post_init_for_platform(config, platform, env);
 
   Selection progress;
   Selection sel;
@@ -344,7 +376,7 @@ void run_select(const DeploymentOptions& o) {
   } catch (const Error&) {
     if (!o.json) {
       std::cout << fmt::format("No FP8 MoE backend selected for {}\n", platform.describe());
-      std::cout << fmt::format("  keys       W {}  A {}\n", quant_key_name(wk), quant_key_name(ak));
+      std::cout << fmt::format("  keys       W {}  A {}\n", key_display(wk), key_display(ak));
       std::cout << fmt::format("  config     {}\n", config_line(config));
       for (const auto& n : progress.notes) std::cout << "  note       " << n << "\n";
       if (!progress.candidates.empty())
@@ -386,7 +418,7 @@ void run_select(const DeploymentOptions& o) {
     std::cout << "FP8 MoE backend: NONE (no experts class)\n";
   }
   std::cout << fmt::format("  platform   {}\n", platform.describe());
-  std::cout << fmt::format("  keys       W {}  A {}\n", quant_key_name(wk), quant_key_name(ak));
+  std::cout << fmt::format("  keys       W {}  A {}\n", key_display(wk), key_display(ak));
   std::cout << fmt::format("  config     {}\n", config_line(config));
   if (sel.kernel) {
     std::cout << fmt::format("  kernel     {}: {}\n", sel.kernel->name, sel.kernel->summary);
@@ -427,9 +459,12 @@ void run_select(const DeploymentOptions& o) {
 void run_support(const DeploymentOptions& o) {
   const Platform platform = make_platform(o);
   const OracleEnv env = make_env(o);
-  const MoeConfig config = make_config(o);
+  MoeConfig config = make_config(o);
   const OptQuantKey wk = parse_key(o.weight_key, platform);
   const OptQuantKey ak = parse_key(o.activation_key, platform);
+  // As in select: vLLM's FusedMoEConfig.__post_init__ refuses non-gated activations off
+  // CUDA/ROCm/XPU, so no support table exists for such a configuration.
+  post_init_for_platform(config, platform, env);
   const ExpertsContext ctx{platform, env};
   const ActivationFormat fmt_ = config.moe_parallel_config.use_batched_activation_format()
                                     ? ActivationFormat::kBatchedExperts
@@ -444,8 +479,13 @@ void run_support(const DeploymentOptions& o) {
     Support verdict;
   };
   std::vector<Row> rows;
-  for (Fp8MoeBackend b : all_fp8_moe_backends()) {
-    if (b == Fp8MoeBackend::kNone) continue;
+  // Priority order first, then the backends the auto scan never tries (registered without
+  // auto_select).
+  std::vector<Fp8MoeBackend> order = priority;
+  for (Fp8MoeBackend b : all_fp8_moe_backends())
+    if (b != Fp8MoeBackend::kNone && std::find(order.begin(), order.end(), b) == order.end())
+      order.push_back(b);
+  for (Fp8MoeBackend b : order) {
     for (const ExpertsKernel* k : backend_to_kernel_cls(b))
       rows.push_back({b, k, experts_supported(*k, config, wk, ak, fmt_, ctx)});
   }
@@ -474,14 +514,23 @@ void run_support(const DeploymentOptions& o) {
     return;
   }
   std::cout << fmt::format("FP8 MoE support on {}\n", platform.describe());
-  std::cout << fmt::format("  keys       W {}  A {}\n", quant_key_name(wk), quant_key_name(ak));
+  std::cout << fmt::format("  keys       W {}  A {}\n", key_display(wk), key_display(ak));
   std::cout << fmt::format("  config     {}\n", config_line(config));
   std::cout << fmt::format("  format     {}\n", activation_format_name(fmt_));
-  std::cout << "  priority   " << python_list_repr(priority_values) << "\n\n";
-  std::cout << fmt::format("{:<22} {:<30} {:<4} {}\n", "BACKEND", "EXPERTS CLASS", "OK", "REASON");
+  std::cout << "  priority   " << python_list_repr(priority_values) << "\n";
+  std::cout << "  #: position in the auto scan's priority order\n\n";
+  const auto line = [](std::string s) {
+    while (!s.empty() && s.back() == ' ') s.pop_back();
+    std::cout << s << "\n";
+  };
+  line(
+      fmt::format("{:>2} {:<22} {:<30} {:<4} {}", "#", "BACKEND", "EXPERTS CLASS", "OK", "REASON"));
   for (const auto& r : rows) {
-    std::cout << fmt::format("{:<22} {:<30} {:<4} {}\n", backend_value(r.backend), r.kernel->name,
-                             r.verdict.ok ? "yes" : "no", r.verdict.ok ? "" : r.verdict.reason);
+    const auto pos = std::find(priority.begin(), priority.end(), r.backend);
+    const std::string rank =
+        pos == priority.end() ? "-" : std::to_string(pos - priority.begin() + 1);
+    line(fmt::format("{:>2} {:<22} {:<30} {:<4} {}", rank, backend_value(r.backend), r.kernel->name,
+                     r.verdict.ok ? "yes" : "no", r.verdict.ok ? "" : r.verdict.reason));
   }
 }
 
@@ -503,7 +552,7 @@ void run_resolve(ResolveOptions& r) {
   config.hidden_dim = parse_int_option("--hidden", o.hidden, 1);
   config.intermediate_size = parse_int_option("--intermediate", o.intermediate, 1);
   config.moe_parallel_config = make_parallel(o, "allgather_reducescatter", 1, false);
-  config.activation = activation_from_str(o.activation);
+  config.activation = activation_from_str(strip_prefix(o.activation, "MoEActivation."));
   config.moe_backend = o.moe_backend;
   for (auto& ch : config.moe_backend)
     ch = ch == '-' ? '_' : static_cast<char>(std::tolower(static_cast<unsigned char>(ch)));
@@ -512,6 +561,9 @@ void run_resolve(ResolveOptions& r) {
   config.post_init();
   const BlockShape block = parse_block("--block", r.block);
   const OptQuantKey ak = parse_key(o.activation_key, platform);
+  // The FusedMoEConfig that resolve_fp8_moe_weight_block_shape receives has passed __post_init__,
+  // which refuses non-gated activations off CUDA/ROCm/XPU.
+  check_moe_config_for_platform(config, platform);
   const int ispp_before = config.intermediate_size_per_partition;
 
   const BlockShapeResolution res =
