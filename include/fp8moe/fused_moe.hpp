@@ -108,12 +108,14 @@ struct FusedMoeArgs {
   MoeScheme scheme{};
   ActivationConfig act{};
   TensorView expert_map{};
+  TensorView expert_num_tokens{};  // defined => batched (masked) format, see the layout comment
   bool apply_router_weight_on_input = false;  // topk must be 1: x *= w before quantisation
   TensorView out;
   void* stream = nullptr;  // cudaStream_t for CUDA kernels; ignored on the CPU
 
-  int64_t num_tokens() const { return x.defined() ? x.size(0) : 0; }
-  int64_t hidden() const { return x.size(1); }
+  bool batched() const { return expert_num_tokens.defined(); }
+  int64_t num_tokens() const { return x.defined() && !batched() ? x.size(0) : 0; }
+  int64_t hidden() const { return x.size(batched() ? 2 : 1); }
   int64_t num_local_experts() const { return weights.w13.size(0); }
   bool gated() const { return activation_is_gated(act.activation); }
   int64_t intermediate() const { return weights.w2.size(2); }

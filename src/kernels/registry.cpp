@@ -1,0 +1,34 @@
+// The explicit list of fused-MoE implementations. To add one: declare its ExpertsImpl (in the
+// kernel's own header) and append its address below, CUDA entries inside the #ifdef. Names are
+// fixed by the experts descriptors: "ref", "cpu_w8a16" (CPUExpertsFp8), "cpu_w8a8"
+// (CPUExpertsFp8W8A8), "cuda_fused" (TritonExperts), "cuda_fused_batched" (BatchedTritonExperts),
+// "cuda_grouped" (TritonOrDeepGemmExperts, the DeepGEMM side), "cuda_grouped_masked"
+// (BatchedDeepGemmExperts).
+#include "kernels/registry.hpp"
+
+#include <cstring>
+
+namespace fp8moe {
+
+const std::vector<const ExpertsImpl*>& experts_impls() {
+  static const std::vector<const ExpertsImpl*> impls = {
+  // CPU kernels (src/kernels/cpu) go here.
+#ifdef FP8MOE_WITH_CUDA
+  // CUDA kernels (src/kernels/cuda) go here.
+#endif
+  };
+  return impls;
+}
+
+const ExpertsImpl* find_experts_impl(std::string_view name) {
+  for (const ExpertsImpl* impl : experts_impls())
+    if (impl && impl->name && name == impl->name) return impl;
+  return nullptr;
+}
+
+bool experts_impl_available(std::string_view name) {
+  const ExpertsImpl* impl = find_experts_impl(name);
+  return impl && (!impl->available || impl->available());
+}
+
+}  // namespace fp8moe
