@@ -7,6 +7,7 @@
 #include <mutex>
 
 #include "cuda_check.hpp"
+#include "fp8moe/platform.hpp"
 #include "fused_moe_cuda.hpp"
 
 namespace fp8moe::cuda {
@@ -101,6 +102,7 @@ void install_hooks() {
     a.free = device_free;
     a.copy = device_copy;
     set_device_allocator(a);
+    set_cuda_capability_hook(&device_capability);
   });
 }
 

@@ -275,8 +275,6 @@ Support supports_config(const MoeConfig& config, const std::optional<QuantKey>& 
                         const std::optional<QuantKey>& ak) {
   switch (config.activation) {
     case MoeActivation::kRelu2:
-    case MoeActivation::kSitu:
-    case MoeActivation::kSwigluStep:
       return Support::no(fmt::format("cuda_fused does not implement the {} activation",
                                      activation_repr(config.activation)));
     default:
@@ -286,11 +284,6 @@ Support supports_config(const MoeConfig& config, const std::optional<QuantKey>& 
     return Support::no("cuda_fused runs FP8 weights with FP8 activations only (no W16A16)");
   if (wk->dtype != KeyDType::kF8E4M3FN || ak->dtype != KeyDType::kF8E4M3FN)
     return Support::no("cuda_fused runs float8_e4m3fn weights and activations only");
-  if (config.swiglu_limit && config.activation != MoeActivation::kSilu &&
-      config.activation != MoeActivation::kSwigluOai &&
-      config.activation != MoeActivation::kSwigluOaiUninterleave)
-    return Support::no(fmt::format("cuda_fused cannot clamp the {} activation",
-                                   activation_repr(config.activation)));
   const GroupShape ag = ak->scale.group_shape;
   if (ag.is_per_group() && ag.col != 32 && ag.col != 64 && ag.col != 128)
     return Support::no(

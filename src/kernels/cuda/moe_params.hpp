@@ -39,25 +39,38 @@ enum class Act : int32_t {
   kGeluNoMul = 6,
   kGeluTanhNoMul = 7,
   kRelu2NoMul = 8,
+  kSitu = 9,        // needs situ_beta; optional situ_linear_beta
+  kSwigluStep = 10,  // limit fixed at 7
 };
-constexpr bool act_is_gated(Act a) { return static_cast<int32_t>(a) <= 4; }
+constexpr bool act_is_gated(Act a) {
+  return static_cast<int32_t>(a) <= 4 || a == Act::kSitu || a == Act::kSwigluStep;
+}
 
-// Routing methods as the kernel computes them.
-enum class RouteKind : int32_t {
-  kTopK = 0,     // softmax|sigmoid scores, optional correction bias, top-k, optional renorm
-  kGrouped = 1,  // grouped top-k (DeepSeek-V2/V3)
+// Routing as the kernel computes it: every RoutingMethodType reduces to these choices (the host
+// maps them exactly as numerics/routing.cpp's route_row does).
+enum class RouteScore : int32_t { kSoftmax = 0, kSigmoid = 1, kSqrtSoftplus = 2, kLogits = 3 };
+enum class RouteWeight : int32_t {
+  kScore = 0,            // w = s[id] (unbiased score)
+  kSoftmaxSelected = 1,  // Renormalize: softmax over the k selected logits
+  kLogit = 2,            // TopK: the logit itself (0 when not finite)
+  kSigmoidLogit = 3,     // Llama4: sigmoid of the selected logit
 };
+enum class RouteRenorm : int32_t { kNone = 0, kSumPlusEps = 1, kMaxSumEps = 2 };
 
 struct RoutingParams {
   const void* logits = nullptr;  // (M, E_global) f32 or bf16
   int32_t logits_bf16 = 0;
-  int32_t kind = 0;  // RouteKind
-  int32_t sigmoid = 0;
-  int32_t renormalize = 0;
+  int32_t score = 0;   // RouteScore: selection key = score (+ bias), or the raw logit
+  int32_t weight = 0;  // RouteWeight
+  int32_t grouped = 0;
   int32_t num_expert_group = 0;
   int32_t topk_group = 0;
+  int32_t renorm = 0;  // RouteRenorm: w / (sum + eps) or w / max(sum, eps); 1 when not > 0
+  float eps = 0.0f;
+  int32_t apply_rsf = 0;
   float routed_scaling_factor = 1.0f;
-  const float* bias = nullptr;  // (E_global) e_score_correction_bias
+  const void* bias = nullptr;  // (E_global) e_score_correction_bias, f32 or bf16
+  int32_t bias_bf16 = 0;
 };
 
 // One GEMM's weight side.
@@ -85,6 +98,8 @@ struct ActParams {
   float beta = 0.0f;
   int32_t fp32_silu = 0;  // fused SiLU+quant semantics: h = g * sigmoid(g) * u in fp32, no rounding
   int32_t f32 = 0;        // f32 activations: every intermediate stays f32 (no bf16 rounding)
+  float situ_beta = 1.0f;
+  float situ_linear_beta = 0.0f;  // > 0: u' = lb * tanh(u / lb)
 };
 
 // Which rows of a (rows, cols) matrix a kernel visits (row_valid() in smxx_fp8_quant.cuh).

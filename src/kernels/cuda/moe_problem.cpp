@@ -44,6 +44,10 @@ Act map_activation(const ActivationConfig& a) {
       return Act::kGeluTanhNoMul;
     case MoeActivation::kRelu2NoMul:
       return Act::kRelu2NoMul;
+    case MoeActivation::kSitu:
+      return Act::kSitu;
+    case MoeActivation::kSwigluStep:
+      return Act::kSwigluStep;
     default:
       unsupported(fmt::format("activation {} is not implemented", activation_repr(a.activation)));
   }
@@ -118,6 +122,106 @@ AQuant map_quant(ActQuantKind k) {
       unsupported("MXFP8 activations are not part of the TRITON contract");
   }
   unsupported("unknown activation quantisation");
+}
+
+RouteScore parse_scoring(const std::string& f) {
+  if (f == "softmax") return RouteScore::kSoftmax;
+  if (f == "sigmoid") return RouteScore::kSigmoid;
+  if (f == "sqrtsoftplus") return RouteScore::kSqrtSoftplus;
+  bad(fmt::format("Unsupported scoring function: {}", f));
+}
+
+// RoutingConfig -> the kernel's routing choices, method by method as numerics::route_row.
+void set_routing(const RoutingConfig& r, int64_t E, MoeProblem& p) {
+  RoutingParams& rp = p.rp;
+  const auto m = r.method;
+  const int k = r.topk;
+  const bool has_bias = r.e_score_correction_bias.defined();
+  if (has_bias) {
+    const TensorView& b = r.e_score_correction_bias;
+    if (b.numel() != E || (b.dtype != DType::kF32 && b.dtype != DType::kBF16))
+      bad(fmt::format("e_score_correction_bias {} must be ({}) f32 or bf16", b.describe(), E));
+    rp.bias = b.data;
+    rp.bias_bf16 = b.dtype == DType::kBF16;
+  }
+  const bool takes_bias = m == RoutingMethodType::kDeepSeekV3 ||
+                          m == RoutingMethodType::kMiniMax2 ||
+                          m == RoutingMethodType::kDeepseekV4 ||
+                          m == RoutingMethodType::kUnspecified;
+  if (has_bias && !takes_bias)
+    bad(fmt::format("routing method {} takes no e_score_correction_bias", routing_method_name(m)));
+  auto set = [&](RouteScore sc, RouteWeight w, RouteRenorm rn, float eps, bool rsf) {
+    rp.score = static_cast<int32_t>(sc);
+    rp.weight = static_cast<int32_t>(w);
+    rp.renorm = static_cast<int32_t>(rn);
+    rp.eps = eps;
+    rp.apply_rsf = rsf;
+    rp.routed_scaling_factor = static_cast<float>(r.routed_scaling_factor);
+  };
+  const auto none = RouteRenorm::kNone, sum = RouteRenorm::kSumPlusEps;
+  switch (m) {
+    case RoutingMethodType::kDefault:
+      set(RouteScore::kSoftmax, RouteWeight::kScore, none, 0, false);
+      break;
+    case RoutingMethodType::kRenormalizeNaive:
+      set(RouteScore::kSoftmax, RouteWeight::kScore, sum, 0, false);
+      break;
+    case RoutingMethodType::kSigmoid:
+      set(RouteScore::kSigmoid, RouteWeight::kScore, none, 0, false);
+      break;
+    case RoutingMethodType::kSigmoidRenorm:
+      set(RouteScore::kSigmoid, RouteWeight::kScore, sum, 0, false);
+      break;
+    case RoutingMethodType::kRenormalize:
+      set(RouteScore::kLogits, RouteWeight::kSoftmaxSelected, none, 0, false);
+      break;
+    case RoutingMethodType::kTopK:
+      set(RouteScore::kLogits, RouteWeight::kLogit, none, 0, false);
+      break;
+    case RoutingMethodType::kLlama4:
+      set(RouteScore::kLogits, RouteWeight::kSigmoidLogit, none, 0, false);
+      break;
+    case RoutingMethodType::kMiniMax2:
+      if (!has_bias) bad("routing method MiniMax2 needs an e_score_correction_bias");
+      set(RouteScore::kSigmoid, RouteWeight::kScore, sum, 1e-20f, true);
+      break;
+    case RoutingMethodType::kDeepseekV4:
+      set(RouteScore::kSqrtSoftplus, RouteWeight::kScore, RouteRenorm::kMaxSumEps, 1e-20f, true);
+      break;
+    case RoutingMethodType::kDeepSeekV3:
+    case RoutingMethodType::kUnspecified: {
+      const bool v3 = m == RoutingMethodType::kDeepSeekV3;
+      const RouteScore sc = v3 ? RouteScore::kSigmoid : parse_scoring(r.scoring_func);
+      const bool renorm = v3 ? true : r.renormalize;
+      const int G = r.num_expert_group;
+      const bool grouping_valid = G > 0 && E > G && E % G == 0;
+      if ((v3 || G > 0) && grouping_valid) {
+        if (G > 32) unsupported("grouped top-k with more than 32 groups");
+        if (r.topk_group < 1 || r.topk_group > G)
+          bad(fmt::format("routing: topk_group ({}) must be in [1, num_expert_group = {}]",
+                          r.topk_group, G));
+        if (k > r.topk_group * (E / G))
+          bad(fmt::format("routing: topk ({}) exceeds the experts of the selected groups", k));
+        const bool fused_kernel = has_bias && G <= 32 && k <= 32;
+        set(sc, RouteWeight::kScore, renorm ? sum : none, fused_kernel ? 1e-20f : 0.0f, true);
+        rp.grouped = 1;
+        rp.num_expert_group = G;
+        rp.topk_group = r.topk_group;
+      } else if (has_bias) {
+        const bool ssp = sc == RouteScore::kSqrtSoftplus;
+        set(sc, RouteWeight::kScore,
+            renorm ? (ssp ? RouteRenorm::kMaxSumEps : sum) : none, ssp ? 1e-20f : 0.0f, true);
+      } else {
+        const bool ssp = sc == RouteScore::kSqrtSoftplus;
+        set(sc, RouteWeight::kScore,
+            renorm ? (ssp ? RouteRenorm::kMaxSumEps : sum) : none, ssp ? 1e-20f : 0.0f, false);
+      }
+      break;
+    }
+    default:
+      unsupported(fmt::format("routing method {} needs a custom routing function",
+                              routing_method_name(m)));
+  }
 }
 
 }  // namespace
@@ -202,29 +306,7 @@ MoeProblem make_problem(const FusedMoeArgs& a) {
       bad(fmt::format("topk {} must be in [1, min(32, E={})]", p.topk, p.E_global));
     p.rp.logits = a.router_logits.data;
     p.rp.logits_bf16 = a.router_logits.dtype == DType::kBF16;
-    p.rp.sigmoid = r.scoring_func == "sigmoid";
-    if (!p.rp.sigmoid && r.scoring_func != "softmax")
-      bad(fmt::format("unknown scoring_func '{}' (expected softmax or sigmoid)", r.scoring_func));
-    p.rp.renormalize = r.renormalize;
-    p.rp.routed_scaling_factor = static_cast<float>(r.routed_scaling_factor);
-    if (r.e_score_correction_bias.defined()) {
-      if (r.e_score_correction_bias.dtype != DType::kF32 ||
-          r.e_score_correction_bias.numel() != p.E_global)
-        bad(fmt::format("e_score_correction_bias {} must be ({}) f32",
-                        r.e_score_correction_bias.describe(), p.E_global));
-      p.rp.bias = static_cast<const float*>(r.e_score_correction_bias.data);
-    }
-    // GroupedTopKRouter falls back to plain top-k when E <= n_group or E % n_group != 0.
-    const int G = r.num_expert_group;
-    if (G > 0 && p.E_global > G && p.E_global % G == 0) {
-      p.rp.kind = static_cast<int32_t>(RouteKind::kGrouped);
-      p.rp.num_expert_group = G;
-      p.rp.topk_group = r.topk_group;
-      if (r.topk_group < 1 || r.topk_group > G)
-        bad(fmt::format("topk_group {} must be in [1, {}]", r.topk_group, G));
-      if (r.topk_group * (p.E_global / G) < p.topk)
-        bad(fmt::format("topk {} exceeds the experts of {} groups", p.topk, r.topk_group));
-    }
+    set_routing(r, p.E_global, p);
   }
   p.router_on_input = a.apply_router_weight_on_input;
   if (p.router_on_input && p.topk != 1) bad("apply_router_weight_on_input needs topk == 1");
@@ -277,10 +359,16 @@ MoeProblem make_problem(const FusedMoeArgs& a) {
   }
   const Act act = static_cast<Act>(p.ap.act);
   if (act == Act::kSwigluOaiUninterleave && !a.act.clamp_limit)
-    bad("swigluoai_uninterleave needs a clamp limit");
-  if (a.act.clamp_limit && act != Act::kSilu && act != Act::kSwigluOai &&
-      act != Act::kSwigluOaiUninterleave)
-    unsupported(fmt::format("a clamp limit with activation {}", activation_repr(a.act.activation)));
+    bad("SWIGLUOAI_UNINTERLEAVE requires clamp_limit");
+  if (act == Act::kSitu) {
+    if (!a.act.situ_beta || *a.act.situ_beta == 0.0)
+      bad("SITU requires a non-zero activation_situ_beta");
+    p.ap.situ_beta = static_cast<float>(*a.act.situ_beta);
+    if (a.act.situ_linear_beta && *a.act.situ_linear_beta > 0)
+      p.ap.situ_linear_beta = static_cast<float>(*a.act.situ_linear_beta);
+  }
+  // A clamp limit only changes SILU (swiglu_limit_func) and SWIGLUOAI_UNINTERLEAVE; the other
+  // activations ignore it, as vLLM's TritonExperts and the reference do.
   if (p.fused_silu_quant) {
     if (act != Act::kSilu || p.aq1 != AQuant::kGroupDynamic || p.x_f32)
       bad("fuse_silu_quant needs SiLU, per-group activations and bf16 inputs");

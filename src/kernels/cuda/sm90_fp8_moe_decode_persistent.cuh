@@ -197,7 +197,7 @@ __device__ void dec_build_tables(const DecodeParams& p, DecTables& t, float* rou
   int32_t* ids_s = t.pair_list;  // temporary: global ids
   if (p.route_in_kernel) {
     for (int tok = warp; tok < p.M; tok += nthreads / 32) {
-      route_token_warp(p.rp, tok, p.E_global, p.topk, route_scratch + warp * 2 * p.E_global,
+      route_token_warp(p.rp, tok, p.E_global, p.topk, route_scratch + warp * (p.E_global + 32),
                        ids_s + tok * p.topk, t.pair_w + tok * p.topk);
     }
   } else {

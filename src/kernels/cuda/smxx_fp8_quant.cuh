@@ -37,14 +37,9 @@ __device__ __forceinline__ float ceil_pow2(float f) {
 
 // Scale of one group from its amax (see the file comment).
 __device__ __forceinline__ float group_scale(float amax, bool ue8m0, float min_scale) {
-  float s;
-  if (min_scale > 0.0f) {
-    s = fmaxf(amax / kFp8Max, min_scale);
-  } else {
-    s = fmaxf(amax, 1e-10f) / kFp8Max;
-  }
+  float s = fmaxf(amax, 1e-10f) / kFp8Max;
   if (ue8m0) s = ceil_pow2(fmaxf(fabsf(s), 1e-10f));
-  return s;
+  return fmaxf(s, min_scale);
 }
 
 // Eight consecutive elements as floats.
@@ -161,13 +156,14 @@ __global__ void __launch_bounds__(256)
                         const unsigned int* __restrict__ amax_bits, float* __restrict__ s_out) {
   const int row = blockIdx.x;
   const float s = static_scale ? static_scale[0] : __uint_as_float(*amax_bits) / kFp8Max;
+  const float inv = 1.0f / s;  // scaled_fp8_conversion multiplies by the inverse scale
   if (blockIdx.x == 0 && blockIdx.y == 0 && threadIdx.x == 0) s_out[0] = s;
   if (!row_valid(rows, row)) return;
   for (int c = blockIdx.y * blockDim.x + threadIdx.x; c < cols; c += gridDim.y * blockDim.x) {
     q[int64_t(row) * q_stride + c] =
         float_to_e4m3(row_scale_apply(rs, load_as_float<T>(src + int64_t(row) * src_stride, c), row,
-                                      sizeof(T) == 2) /
-                      s);
+                                      sizeof(T) == 2) *
+                      inv);
   }
 }
 
@@ -188,15 +184,21 @@ __device__ __forceinline__ float gelu_tanh_f32(float g) {
   return 0.5f * g * (1.0f + tanhf(inner));
 }
 
-// Gated: h from (gate, up), both already bf16 values. Returns h before the final rounding to the
-// activation dtype (the caller rounds to bf16, or keeps fp32 for the fused SiLU+quant path).
+__device__ __forceinline__ float sigmoid_f32(float x) { return 1.0f / (1.0f + expf(-x)); }
+
+// Gated: h from (gate, up), both already rounded to the activation dtype. Returns h before its
+// final rounding (the caller rounds to bf16, or keeps fp32 for the fused SiLU+quant path). The
+// rounding points and operation orders are those of numerics/activation.hpp (vLLM's kernels).
 __device__ __forceinline__ float act_gated(const ActParams& ap, float g, float u) {
   switch (static_cast<Act>(ap.act)) {
     case Act::kSilu:
-      if (ap.fp32_silu) return g / (1.0f + expf(-g)) * u;
-      if (ap.has_limit) {
-        g = fminf(g, ap.limit);
-        u = fminf(fmaxf(u, -ap.limit), ap.limit);
+      // snapshot fused SiLU+quant: g * sigmoid(g) * u in fp32, clamp ignored (vLLM oddity)
+      if (ap.fp32_silu) return g * sigmoid_f32(g) * u;
+      if (ap.has_limit && ap.limit > 0.0f) {
+        // swiglu_limit_func: one rounding; alpha/beta unused
+        const float gc = g > ap.limit ? ap.limit : g;
+        const float uc = u > ap.limit ? ap.limit : (u < -ap.limit ? -ap.limit : u);
+        return silu_f32(gc) * uc;
       }
       return round_act(ap, silu_f32(g)) * u;
     case Act::kGelu:
@@ -205,16 +207,24 @@ __device__ __forceinline__ float act_gated(const ActParams& ap, float g, float u
       return round_act(ap, gelu_tanh_f32(g)) * u;
     case Act::kSwigluOai: {
       const float kAlpha = 1.702f, kLimit = 7.0f;  // the op defaults (config values not forwarded)
-      g = fminf(g, kLimit);
-      u = fminf(fmaxf(u, -kLimit), kLimit);
-      const float glu = g / (1.0f + expf(-g * kAlpha));
-      return (u + 1.0f) * glu;
+      const float gc = g > kLimit ? kLimit : g;
+      const float uc = u > kLimit ? kLimit : (u < -kLimit ? -kLimit : u);
+      return (uc + 1.0f) * gc * sigmoid_f32(kAlpha * gc);
     }
     case Act::kSwigluOaiUninterleave: {
-      g = fminf(g, ap.limit);
-      u = fminf(fmaxf(u, -ap.limit), ap.limit);
-      const float glu = g / (1.0f + expf(-g * ap.alpha));
-      return glu * (u + ap.beta);
+      const float gc = g > ap.limit ? ap.limit : g;
+      const float uc = u > ap.limit ? ap.limit : (u < -ap.limit ? -ap.limit : u);
+      return gc * sigmoid_f32(ap.alpha * gc) * (uc + ap.beta);
+    }
+    case Act::kSitu: {
+      const float b = ap.situ_beta, lb = ap.situ_linear_beta;
+      const float uu = lb > 0.0f ? lb * tanhf(u / lb) : u;
+      return b * tanhf(g / b) * sigmoid_f32(g) * uu;
+    }
+    case Act::kSwigluStep: {
+      const float s = silu_f32(g);
+      const float uc = u > 7.0f ? 7.0f : (u < -7.0f ? -7.0f : u);
+      return (s > 7.0f ? 7.0f : s) * uc;
     }
     default:
       return 0.0f;

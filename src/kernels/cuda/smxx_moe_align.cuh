@@ -31,7 +31,7 @@ __device__ __forceinline__ int local_expert(int32_t gid, const int32_t* expert_m
   return (e >= 0 && e < E_local) ? e : -1;
 }
 
-__global__ void __launch_bounds__(kAlignThreads)
+static __global__ void __launch_bounds__(kAlignThreads)
     moe_align_kernel(const int32_t* __restrict__ topk_ids, int num_valid,
                      const int32_t* __restrict__ expert_map, int E_global, int E_local, int bm,
                      int capacity, int fixed_stride, int32_t* __restrict__ sorted_ids,
@@ -116,7 +116,7 @@ __global__ void __launch_bounds__(kAlignThreads)
 // Rows of an externally batched input (E_local, T, H) with counts per expert, mapped onto the
 // internal layout of T_pad = round_up(T, bm) rows per expert: sorted_ids[e * T_pad + i] is the
 // external row e * T + i for i < count[e] and the sentinel E_local * T otherwise.
-__global__ void __launch_bounds__(256)
+static __global__ void __launch_bounds__(256)
     batched_rows_kernel(const int32_t* __restrict__ counts, int E_local, int T, int T_pad, int bm,
                         int32_t* __restrict__ sorted_ids, int32_t* __restrict__ expert_blk,
                         int32_t* __restrict__ meta) {

@@ -8,7 +8,7 @@ void launch_route(const RoutingParams& rp, int M, int E, int topk, int32_t* ids,
                   cudaStream_t stream) {
   if (M == 0) return;
   constexpr int kWarps = 4;
-  const int smem = kWarps * 2 * E * static_cast<int>(sizeof(float));
+  const int smem = kWarps * (E + 32) * static_cast<int>(sizeof(float));
   moe_route_kernel<kWarps>
       <<<static_cast<unsigned>(ceil_div(M, kWarps)), kWarps * 32, smem, stream>>>(rp, M, E, topk,
                                                                                   ids, w);

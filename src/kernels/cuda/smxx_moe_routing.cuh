@@ -1,7 +1,10 @@
-// Routing on the device (spec/numerics.md §1): one warp per token computes the scores (softmax or
-// sigmoid over the logits, in fp32), the optional group selection (grouped top-k) and the k
-// experts, ties going to the lower expert index, then the weights (unbiased scores, optional
-// renormalisation, routed scaling factor). Works for E_global <= 1024.
+// Routing on the device (spec/numerics.md §1), one warp per token, with the semantics of
+// numerics/routing.cpp (the reference): scores in fp32 (softmax, sigmoid or sqrt(softplus); scores
+// that are not finite become 0), selection on score + correction bias or on the raw logits, one
+// expert at a time with ties to the lower index (NaN keys rank lowest), optional grouped top-k
+// (DeepSeek-V2/V3: groups ranked by the sum of their two best keys, or their best score), then the
+// weights, an optional renormalisation summed in slot order, and the routed scaling factor.
+// Works for E_global <= 1024.
 #pragma once
 
 #include "cuda_common.cuh"
@@ -12,165 +15,222 @@ namespace fp8moe::cuda {
 constexpr int kRouteMaxExperts = 1024;
 constexpr int kRoutePerLane = kRouteMaxExperts / 32;
 
+// a (index ia) ranks above b (index ib): larger key, ties to the lower index, NaN lowest; ib ==
+// INT_MAX means "no candidate yet".
+__device__ __forceinline__ bool route_better(float a, int ia, float b, int ib) {
+  if (ib == 0x7fffffff) return true;
+  const bool na = isnan(a), nb = isnan(b);
+  if (na || nb) return na && nb ? ia < ib : nb;
+  return a > b || (a == b && ia < ib);
+}
+
+// Warp-wide argmax of (key, index) over the lanes' candidates.
+__device__ __forceinline__ void route_warp_best(float& v, int& i, float& payload) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) {
+    const float ov = __shfl_xor_sync(0xffffffffu, v, o);
+    const int oi = __shfl_xor_sync(0xffffffffu, i, o);
+    const float op = __shfl_xor_sync(0xffffffffu, payload, o);
+    if (oi != 0x7fffffff && route_better(ov, oi, v, i)) {
+      v = ov;
+      i = oi;
+      payload = op;
+    }
+  }
+}
+
+__device__ __forceinline__ float route_load(const void* p, bool bf16, int64_t i) {
+  return bf16 ? bf16_bits_to_float(static_cast<const uint16_t*>(p)[i])
+              : static_cast<const float*>(p)[i];
+}
+
 // Device routine: the calling warp routes token `t`. `sbuf` is per-warp shared scratch of at least
-// 2 * E floats. Writes ids/weights for slot j at out_ids[j], out_w[j] (lane j < topk).
+// E + 32 floats (grouped top-k only). Lane j < topk writes slot j to out_ids[j], out_w[j].
 __device__ inline void route_token_warp(const RoutingParams& rp, int t, int E, int topk,
                                         float* sbuf, int32_t* out_ids, float* out_w) {
   const int lane = threadIdx.x & 31;
-  float score[kRoutePerLane];  // unbiased scores (softmax or sigmoid)
-  float sel[kRoutePerLane];    // selection key (score + bias), -inf when masked / absent
-  // 1. logits -> scores
-  float mx = -INFINITY;
+  const RouteScore sk = static_cast<RouteScore>(rp.score);
+  float logit[kRoutePerLane];
+  float score[kRoutePerLane];  // unbiased scores (the logits for kLogits)
+  float key[kRoutePerLane];    // selection key
 #pragma unroll
   for (int i = 0; i < kRoutePerLane; ++i) {
     const int e = lane + 32 * i;
-    float l = -INFINITY;
-    if (e < E) {
-      l = rp.logits_bf16
-              ? bf16_bits_to_float(static_cast<const uint16_t*>(rp.logits)[int64_t(t) * E + e])
-              : static_cast<const float*>(rp.logits)[int64_t(t) * E + e];
-    }
-    score[i] = l;
-    mx = fmaxf(mx, l);
+    logit[i] = e < E ? route_load(rp.logits, rp.logits_bf16, int64_t(t) * E + e) : 0.0f;
   }
-  if (rp.sigmoid) {
+  if (sk == RouteScore::kSoftmax) {
+    float mx = -INFINITY;
 #pragma unroll
-    for (int i = 0; i < kRoutePerLane; ++i) {
-      const int e = lane + 32 * i;
-      score[i] = e < E ? 1.0f / (1.0f + expf(-score[i])) : 0.0f;
-    }
-  } else {
+    for (int i = 0; i < kRoutePerLane; ++i)
+      if (lane + 32 * i < E) mx = fmaxf(mx, logit[i]);
     mx = warp_max(mx);
     float sum = 0.0f;
 #pragma unroll
     for (int i = 0; i < kRoutePerLane; ++i) {
-      const int e = lane + 32 * i;
-      const float v = e < E ? expf(score[i] - mx) : 0.0f;
+      const float v = lane + 32 * i < E ? expf(logit[i] - mx) : 0.0f;
       score[i] = v;
       sum += v;
     }
     sum = warp_sum(sum);
-    const float inv = 1.0f / sum;
+#pragma unroll
+    for (int i = 0; i < kRoutePerLane; ++i) score[i] = score[i] / sum;
+  } else if (sk == RouteScore::kSigmoid) {
+#pragma unroll
+    for (int i = 0; i < kRoutePerLane; ++i) score[i] = 1.0f / (1.0f + expf(-logit[i]));
+  } else if (sk == RouteScore::kSqrtSoftplus) {
 #pragma unroll
     for (int i = 0; i < kRoutePerLane; ++i) {
-      float p = score[i] * inv;
-      if (!isfinite(p)) p = 0.0f;  // NaN or Inf scores become 0
-      score[i] = p;
+      const float l = logit[i];
+      score[i] = sqrtf(l > 20.0f ? l : log1pf(expf(l)));
     }
+  } else {
+#pragma unroll
+    for (int i = 0; i < kRoutePerLane; ++i) score[i] = logit[i];
+  }
+  if (sk != RouteScore::kLogits) {
+#pragma unroll
+    for (int i = 0; i < kRoutePerLane; ++i)
+      if (!isfinite(score[i])) score[i] = 0.0f;
   }
 #pragma unroll
   for (int i = 0; i < kRoutePerLane; ++i) {
     const int e = lane + 32 * i;
-    sel[i] = e < E ? score[i] + (rp.bias ? rp.bias[e] : 0.0f) : -INFINITY;
+    key[i] = score[i];
+    if (rp.bias && e < E) key[i] = score[i] + route_load(rp.bias, rp.bias_bf16, e);
   }
+  uint32_t taken = 0;  // bit i: expert lane + 32 i is not selectable
 
-  // 2. grouped top-k: keep the topk_group best groups, mask the rest.
-  if (rp.kind == static_cast<int>(RouteKind::kGrouped)) {
+  // grouped top-k: keep the topk_group best groups
+  if (rp.grouped) {
     const int G = rp.num_expert_group;
-    const int gsize = E / G;
-    float* s_sel = sbuf;        // E floats
-    float* s_group = sbuf + E;  // G floats
+    const int per = E / G;
+    float* s_key = sbuf;       // E floats
+    float* s_group = sbuf + E;  // G floats (G <= 32 in practice; guarded below)
 #pragma unroll
     for (int i = 0; i < kRoutePerLane; ++i) {
       const int e = lane + 32 * i;
-      if (e < E) s_sel[e] = sel[i];
+      if (e < E) s_key[e] = key[i];
     }
     __syncwarp();
     for (int g = lane; g < G; g += 32) {
-      float best = -INFINITY, second = -INFINITY;
-      for (int j = 0; j < gsize; ++j) {
-        const float v = s_sel[g * gsize + j];
-        if (v > best) {
-          second = best;
-          best = v;
-        } else if (v > second) {
-          second = v;
+      const float* kg = s_key + g * per;
+      float gs;
+      if (rp.bias) {  // sum of the two best keys (ties: lower index first)
+        int b0 = 0x7fffffff, b1 = 0x7fffffff;
+        float v0 = 0.0f, v1 = 0.0f;
+        for (int i = 0; i < per; ++i) {
+          const float v = kg[i];
+          if (route_better(v, i, v0, b0)) {
+            v1 = v0;
+            b1 = b0;
+            v0 = v;
+            b0 = i;
+          } else if (route_better(v, i, v1, b1)) {
+            v1 = v;
+            b1 = i;
+          }
         }
+        gs = v0 + v1;
+      } else {
+        gs = -INFINITY;
+        for (int i = 0; i < per; ++i) gs = fmaxf(gs, kg[i]);
       }
-      s_group[g] = rp.bias ? best + second : best;
+      s_group[g] = gs;
     }
     __syncwarp();
-    // select topk_group groups (lowest index on ties); mark chosen groups with +inf in s_group
+    // choose topk_group groups; chosen groups are marked in `chosen` (G <= 32 per lane bit, else
+    // the group array)
+    uint32_t chosen_lo = 0;  // groups 0..31 (bitmask, same in every lane)
     for (int r = 0; r < rp.topk_group; ++r) {
-      float bv = -INFINITY;
+      float bv = 0.0f;
       int bi = 0x7fffffff;
+      float dummy = 0.0f;
       for (int g = lane; g < G; g += 32) {
-        const float v = s_group[g];
-        if (v != INFINITY && (v > bv || (v == bv && g < bi))) {
-          bv = v;
+        const bool used = g < 32 ? ((chosen_lo >> g) & 1u) : s_group[g] != s_group[g];
+        if (!used && route_better(s_group[g], g, bv, bi)) {
+          bv = s_group[g];
           bi = g;
         }
       }
-#pragma unroll
-      for (int o = 16; o > 0; o >>= 1) {
-        const float ov = __shfl_xor_sync(0xffffffffu, bv, o);
-        const int oi = __shfl_xor_sync(0xffffffffu, bi, o);
-        if (ov > bv || (ov == bv && oi < bi)) {
-          bv = ov;
-          bi = oi;
-        }
-      }
-      if (lane == 0 && bi < G) s_group[bi] = INFINITY;
-      __syncwarp();
+      route_warp_best(bv, bi, dummy);
+      if (bi < 32) chosen_lo |= 1u << bi;
     }
 #pragma unroll
     for (int i = 0; i < kRoutePerLane; ++i) {
       const int e = lane + 32 * i;
-      if (e < E && s_group[e / gsize] != INFINITY) sel[i] = -INFINITY;
+      const int g = e / per;
+      if (e < E && !(g < 32 && ((chosen_lo >> g) & 1u))) taken |= 1u << i;
     }
     __syncwarp();
   }
 
-  // 3. top-k selection, one expert at a time (ties to the lower index; when only -inf keys are
-  //    left the lowest unused index is taken, so k distinct experts always come out).
-  float wsum = 0.0f;
+  // top-k, one expert at a time
   float my_w = 0.0f;
   int32_t my_id = -1;
-  uint32_t taken = 0;
+  float my_logit = 0.0f;
   for (int j = 0; j < topk; ++j) {
-    float bv = -INFINITY;
+    float bv = 0.0f;
     int bi = 0x7fffffff;
-    float bscore = 0.0f;
+    float bpay = 0.0f;
 #pragma unroll
     for (int i = 0; i < kRoutePerLane; ++i) {
       const int e = lane + 32 * i;
-      const bool free = e < E && !((taken >> i) & 1u);
-      if (free && (sel[i] > bv || (sel[i] == bv && e < bi))) {
-        bv = sel[i];
+      if (e < E && !((taken >> i) & 1u) && route_better(key[i], e, bv, bi)) {
+        bv = key[i];
         bi = e;
-        bscore = score[i];
+        bpay = static_cast<float>(i);
       }
     }
+    route_warp_best(bv, bi, bpay);
+    if (bi == 0x7fffffff) bi = 0;  // cannot happen: topk <= selectable experts (host checks)
+    const int owner = bi & 31, slot = bi >> 5;
+    // fetch the score and logit of the winner from its owner lane
+    float s_w = 0.0f, s_l = 0.0f;
 #pragma unroll
-    for (int o = 16; o > 0; o >>= 1) {
-      const float ov = __shfl_xor_sync(0xffffffffu, bv, o);
-      const int oi = __shfl_xor_sync(0xffffffffu, bi, o);
-      const float os = __shfl_xor_sync(0xffffffffu, bscore, o);
-      if (ov > bv || (ov == bv && oi < bi)) {
-        bv = ov;
-        bi = oi;
-        bscore = os;
+    for (int i = 0; i < kRoutePerLane; ++i) {
+      if (i == slot) {
+        s_w = score[i];
+        s_l = logit[i];
       }
     }
-    if ((bi & 31) == lane) taken |= 1u << (bi >> 5);
-    wsum += bscore;
+    s_w = __shfl_sync(0xffffffffu, s_w, owner);
+    s_l = __shfl_sync(0xffffffffu, s_l, owner);
+    if (lane == owner) taken |= 1u << slot;
     if (lane == j) {
-      my_w = bscore;
       my_id = bi;
+      my_w = s_w;
+      my_logit = s_l;
     }
   }
+
+  // weights
+  const RouteWeight wk = static_cast<RouteWeight>(rp.weight);
+  if (wk == RouteWeight::kSoftmaxSelected) {
+    float mx = -INFINITY;
+    for (int j = 0; j < topk; ++j) mx = fmaxf(mx, __shfl_sync(0xffffffffu, my_logit, j));
+    const float ex = expf(my_logit - mx);
+    float sum = 0.0f;
+    for (int j = 0; j < topk; ++j) sum += __shfl_sync(0xffffffffu, ex, j);
+    my_w = ex / sum;
+    if (!isfinite(my_w)) my_w = 0.0f;
+  } else if (wk == RouteWeight::kLogit) {
+    my_w = isfinite(my_logit) ? my_logit : 0.0f;
+  } else if (wk == RouteWeight::kSigmoidLogit) {
+    my_w = 1.0f / (1.0f + expf(-my_logit));
+    if (!isfinite(my_w)) my_w = 0.0f;
+  }
+  if (rp.renorm != static_cast<int>(RouteRenorm::kNone)) {
+    float sum = 0.0f;
+    for (int j = 0; j < topk; ++j) sum += __shfl_sync(0xffffffffu, my_w, j);
+    float denom = rp.renorm == static_cast<int>(RouteRenorm::kMaxSumEps) ? fmaxf(sum, rp.eps)
+                                                                          : sum + rp.eps;
+    if (!(denom > 0.0f)) denom = 1.0f;
+    my_w = my_w / denom;
+  }
+  if (rp.apply_rsf && rp.routed_scaling_factor != 1.0f) my_w *= rp.routed_scaling_factor;
   if (lane < topk) {
-    float w = my_w;
-    if (rp.renormalize) {
-      if (rp.kind == static_cast<int>(RouteKind::kGrouped) && rp.bias) {
-        w = w / (wsum + 1e-20f);
-      } else {
-        w = w / (wsum > 0.0f ? wsum : 1.0f);
-      }
-    }
-    if (rp.routed_scaling_factor != 1.0f) w = w * rp.routed_scaling_factor;
     out_ids[lane] = my_id;
-    out_w[lane] = w;
+    out_w[lane] = my_w;
   }
 }
 
@@ -181,7 +241,7 @@ __global__ void __launch_bounds__(kWarps * 32)
   const int warp = threadIdx.x >> 5;
   const int t = blockIdx.x * kWarps + warp;
   if (t >= M) return;
-  route_token_warp(rp, t, E, topk, route_smem + warp * (2 * E), topk_ids + int64_t(t) * topk,
+  route_token_warp(rp, t, E, topk, route_smem + warp * (E + 32), topk_ids + int64_t(t) * topk,
                    topk_w + int64_t(t) * topk);
 }
 
