@@ -411,6 +411,12 @@ void validate_fused_moe_args(const FusedMoeArgs& a) {
       }
     }
   }
+  if (!a.topk_ids.defined() && !a.expert_map.defined() && E_global != E) {
+    Checker::fail(
+        fmt::format("fused_moe: router_logits has {} experts but w13 has {} local experts; "
+                    "give an expert_map (global -> local) for expert parallelism",
+                    E_global, E));
+  }
   if (a.topk_ids.defined() && a.topk_ids.device.is_cpu()) {
     for (int64_t i = 0; i < a.topk_ids.numel(); ++i) {
       const int32_t id = a.topk_ids.ptr<const int32_t>()[i];

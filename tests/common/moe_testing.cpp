@@ -16,6 +16,7 @@
 
 #include "fp8moe/error.hpp"
 #include "fp8moe/numerics.hpp"
+#include "kernels/ref/ref.hpp"
 #include "numerics/quant.hpp"
 
 namespace fp8moe::testing {
@@ -607,6 +608,56 @@ void build_statistical(const MoeTestSpec& s, MoeTestProblem& p, std::mt19937_64&
   }
 }
 
+// Static second-quantisation scale from a calibration run of the reference with dynamic
+// per-tensor activations: amax(h) / fp8_max (rounded up to a power of two in exact mode).
+void calibrate_a2(MoeTestProblem& p) {
+  if (p.spec.scheme.act != ActQuantKind::kPerTensorStatic) return;
+  MoeTestProblem c = p;
+  c.spec.scheme.act = ActQuantKind::kPerTensorDynamic;
+  c.out = Tensor::empty({p.spec.M, p.spec.H}, p.spec.x_dtype);
+  ref::detail::Trace trace;
+  ref::detail::fused_moe_with(c.args(), {}, &trace);
+  const float F = num::quant_fp8_max(p.spec.scheme.fp8);
+  float s = trace.h_amax > 0 ? trace.h_amax / F : 1.0f;
+  if (p.spec.mode == MoeTestMode::kExact) s = num::ceil_pow2(s);
+  p.a2_scale = Tensor::scalar_f32(s);
+}
+
+bool pow2(float v) {
+  int e = 0;
+  return v > 0 && std::frexp(v, &e) == 0.5f;
+}
+
+// Empty string when the problem is exact: every dynamic scale a power of two, and the reference in
+// float64 and in float32 with both summation orders agreeing bit for bit.
+std::string exactness_problem(const MoeTestProblem& p) {
+  if (p.spec.M == 0) return {};
+  std::vector<Tensor> outs;
+  for (const ref::detail::Options o :
+       {ref::detail::Options{false, false}, ref::detail::Options{false, true},
+        ref::detail::Options{true, false}, ref::detail::Options{true, true}}) {
+    MoeTestProblem c = p;
+    c.out = Tensor::empty({p.spec.M, p.spec.H}, p.spec.x_dtype);
+    ref::detail::Trace trace;
+    ref::detail::fused_moe_with(c.args(), o, &trace);
+    for (float s : trace.a1_scales) {
+      if (!pow2(s)) return fmt::format("a first-quantisation scale {} is not a power of two", s);
+    }
+    for (float s : trace.a2_scales) {
+      if (!pow2(s)) return fmt::format("a second-quantisation scale {} is not a power of two", s);
+    }
+    outs.push_back(c.out);
+  }
+  for (std::size_t i = 1; i < outs.size(); ++i) {
+    const CompareReport r = compare_bitwise(outs[i], outs[0]);
+    if (!r.ok) {
+      return fmt::format("variant {} (float32={}, reverse={}) differs from float64: {}", i, i >= 2,
+                         i % 2 == 1, r.str());
+    }
+  }
+  return {};
+}
+
 }  // namespace
 
 MoeTestProblem make_problem(const MoeTestSpec& spec_in) {
@@ -646,8 +697,27 @@ MoeTestProblem make_problem(const MoeTestSpec& spec_in) {
     }
   }
   p.out = Tensor::empty({s.M, s.H}, s.x_dtype);
+  calibrate_a2(p);
+  if (s.mode == MoeTestMode::kExact) {
+    const std::string why = exactness_problem(p);
+    if (!why.empty()) {
+      throw std::logic_error(fmt::format(
+          "make_problem({}): the exact-mode construction is not exact: {} (a generator bug, or "
+          "sizes beyond what exact mode supports)",
+          s.name(), why));
+    }
+  }
   poison(p.out);
   return p;
+}
+
+Tensor reference_output(const MoeTestProblem& p_in) {
+  const MoeTestProblem p = p_in.x.device().is_cpu() ? p_in : p_in.to(Device::cpu());
+  Tensor out = Tensor::empty({p.spec.M, p.spec.H}, p.spec.x_dtype);
+  FusedMoeArgs a = p.args();
+  a.out = out;
+  ref::fused_moe(a);
+  return out;
 }
 
 FusedMoeArgs MoeTestProblem::args() const {

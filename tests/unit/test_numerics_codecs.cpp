@@ -256,21 +256,28 @@ void expect_codes_match(const std::string& file, Encode encode) {
   EXPECT_EQ(mismatches, 0u) << file << " over " << ref.x.size() << " inputs";
 }
 
-TEST(NumericsCodecsVsMlDtypes, E4M3Fn) {
-  expect_codes_match("e4m3fn.nonsat.u8", float_to_e4m3fn_nonsat);
-  expect_codes_match("e4m3fn.sat.u8", [](float f) { return float_to_e4m3fn(f); });
-}
-TEST(NumericsCodecsVsMlDtypes, E4M3Fnuz) {
-  expect_codes_match("e4m3fnuz.nonsat.u8", float_to_e4m3fnuz_nonsat);
-  expect_codes_match("e4m3fnuz.sat.u8", float_to_e4m3fnuz);
-}
-TEST(NumericsCodecsVsMlDtypes, E5M2) {
-  expect_codes_match("e5m2.nonsat.u8", float_to_e5m2_nonsat);
-  expect_codes_match("e5m2.sat.u8", float_to_e5m2);
-}
-TEST(NumericsCodecsVsMlDtypes, E8M0) { expect_codes_match("e8m0.u8", float_to_e8m0); }
-
-TEST(NumericsCodecsVsMlDtypes, Bf16) {
+// One test, so the ~4 million reference values are generated once per process.
+TEST(NumericsCodecsVsMlDtypes, EveryFormatOnMillionsOfFloats) {
+  {
+    SCOPED_TRACE("e4m3fn");
+    expect_codes_match("e4m3fn.nonsat.u8", float_to_e4m3fn_nonsat);
+    expect_codes_match("e4m3fn.sat.u8", [](float f) { return float_to_e4m3fn(f); });
+  }
+  {
+    SCOPED_TRACE("e4m3fnuz");
+    expect_codes_match("e4m3fnuz.nonsat.u8", float_to_e4m3fnuz_nonsat);
+    expect_codes_match("e4m3fnuz.sat.u8", float_to_e4m3fnuz);
+  }
+  {
+    SCOPED_TRACE("e5m2");
+    expect_codes_match("e5m2.nonsat.u8", float_to_e5m2_nonsat);
+    expect_codes_match("e5m2.sat.u8", float_to_e5m2);
+  }
+  {
+    SCOPED_TRACE("e8m0");
+    expect_codes_match("e8m0.u8", float_to_e8m0);
+  }
+  SCOPED_TRACE("bf16");
   const MlRef& ref = ml_reference();
   const auto want = fp8moe::testing::read_raw<uint16_t>(ref.dir / "bf16.u16");
   ASSERT_EQ(want.size(), ref.x.size());
@@ -287,10 +294,7 @@ TEST(NumericsCodecsVsMlDtypes, Bf16) {
     }
   }
   EXPECT_EQ(mismatches, 0u);
-}
-
-TEST(NumericsCodecsVsMlDtypes, DecodeTables) {
-  const MlRef& ref = ml_reference();
+  SCOPED_TRACE("decode tables");
   const struct {
     const char* file;
     float (*decode)(uint8_t);
@@ -299,14 +303,14 @@ TEST(NumericsCodecsVsMlDtypes, DecodeTables) {
                  {"decode.e5m2.f32", e5m2_to_float},
                  {"decode.e8m0.f32", e8m0_to_float}};
   for (const auto& f : formats) {
-    const auto want = fp8moe::testing::read_raw<float>(ref.dir / f.file);
-    ASSERT_EQ(want.size(), 256u) << f.file;
+    const auto table = fp8moe::testing::read_raw<float>(ref.dir / f.file);
+    ASSERT_EQ(table.size(), 256u) << f.file;
     for (int c = 0; c < 256; ++c) {
       const float got = f.decode(static_cast<uint8_t>(c));
-      if (std::isnan(want[c])) {
+      if (std::isnan(table[c])) {
         EXPECT_TRUE(std::isnan(got)) << f.file << " code " << c;
       } else {
-        EXPECT_EQ(bits(got), bits(want[c])) << f.file << " code " << c;
+        EXPECT_EQ(bits(got), bits(table[c])) << f.file << " code " << c;
       }
     }
   }

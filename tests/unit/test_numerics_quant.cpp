@@ -3,11 +3,13 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstring>
 #include <limits>
 #include <random>
 #include <string>
 #include <vector>
 
+#include "common/python_ref.hpp"
 #include "fp8moe/error.hpp"
 #include "fp8moe/numerics.hpp"
 #include "numerics/quant.hpp"
@@ -281,6 +283,72 @@ TEST(NumericsQuant, Bf16InputsAreRead) {
   const QuantizedTensor qt = per_token_group_quant_fp8(x, 32, kFn);
   EXPECT_EQ(qt.scale.ptr<float>()[0], 16.0f / 448.0f);
   EXPECT_EQ(qt.q.ptr<uint8_t>()[0], 0xFE);
+}
+
+// Every quantiser against an independent numpy + ml_dtypes implementation of vLLM's formulas
+// (tests/py/quant_reference.py), bit for bit, on rows spanning many magnitudes and the edge cases
+// (all-zero rows and groups, amax exactly 448 * 2^k and one float ulp above it, huge, tiny).
+TEST(NumericsQuant, AgreesWithNumpyAndMlDtypes) {
+  const int64_t R = 24, C = 256;
+  std::mt19937 rng(77);
+  std::normal_distribution<float> nd(0.0f, 1.0f);
+  std::uniform_int_distribution<int> ex(-20, 20);
+  Tensor x = Tensor::empty({R, C}, DType::kF32);
+  float* v = x.ptr<float>();
+  for (int64_t r = 0; r < R; ++r) {
+    const float scale = std::ldexp(1.0f, ex(rng));
+    for (int64_t c = 0; c < C; ++c) v[r * C + c] = nd(rng) * scale;
+  }
+  std::fill(v + 3 * C, v + 4 * C, 0.0f);            // an all-zero row
+  std::fill(v + 4 * C + 32, v + 4 * C + 96, 0.0f);  // zero groups in a row
+  for (int64_t c = 0; c < C; c += 32) {
+    v[5 * C + c] = 448.0f * 0x1p-3f;                        // amax 448 * 2^k
+    v[6 * C + c] = std::nextafter(448.0f * 0x1p-3f, 1e9f);  // one ulp above
+    v[7 * C + c] = -1e30f;                                  // huge
+  }
+  for (int64_t c = 0; c < C; ++c) v[8 * C + c] = 1e-30f * static_cast<float>(c % 7 - 3);  // tiny
+  // Rows of e4m3 midpoints times a non-power-of-two scale: x / s lands on (or within an ulp of) a
+  // tie, where x / s and x * (1/s) and the tie-breaking rule all matter.
+  for (int64_t r = 9; r < 16; ++r) {
+    const float sc = 1.0f + 0.1f * static_cast<float>(r - 8);
+    for (int64_t c = 0; c < C; ++c) {
+      const uint8_t code = static_cast<uint8_t>((c * 37 + r) % 0x7E);
+      const float lo = e4m3fn_to_float(code), hi = e4m3fn_to_float(static_cast<uint8_t>(code + 1));
+      v[r * C + c] = (c % 32 == 0) ? 448.0f * sc : 0.5f * (lo + hi) * sc;
+    }
+  }
+  testing::ScratchDir dir("quant_vs_numpy");
+  ASSERT_TRUE(testing::write_raw(dir.path() / "x.f32", std::vector<float>(v, v + R * C)));
+  std::string log;
+  std::string args = "'";
+  args += dir.path().string();
+  args += "' 24 256";
+  ASSERT_EQ(testing::run_python("tests/py/quant_reference.py", args, &log), 0) << log;
+
+  const auto check = [&](const std::string& name, const QuantizedTensor& qt) {
+    const auto want_q = testing::read_raw<uint8_t>(dir.path() / (name + ".q"));
+    const auto want_s = testing::read_raw<uint8_t>(dir.path() / (name + ".s"));
+    ASSERT_EQ(want_q.size(), static_cast<std::size_t>(qt.q.nbytes())) << name;
+    ASSERT_EQ(want_s.size(), static_cast<std::size_t>(qt.scale.nbytes())) << name;
+    int bad = 0;
+    for (std::size_t i = 0; i < want_q.size() && bad < 5; ++i) {
+      if (qt.q.ptr<uint8_t>()[i] != want_q[i]) {
+        ++bad;
+        ADD_FAILURE() << name << ": code " << i << " (x = " << v[i] << ") is 0x" << std::hex
+                      << int(qt.q.ptr<uint8_t>()[i]) << ", numpy 0x" << int(want_q[i]);
+      }
+    }
+    EXPECT_EQ(std::memcmp(qt.scale.data(), want_s.data(), want_s.size()), 0) << name << " scales";
+  };
+  for (int64_t g : {32, 64, 128}) {
+    check("group" + std::to_string(g), per_token_group_quant_fp8(x, g, kFn));
+    check("group" + std::to_string(g) + "_ue8m0", per_token_group_quant_fp8(x, g, kFn, true));
+  }
+  check("token", per_token_quant_fp8(x, kFn));
+  check("tensor", per_tensor_quant_fp8(x, kFn));
+  check("mx", mx_cast_to_fp8(x));
+  check("block64", per_block_cast_to_fp8(x, 64, 64));
+  check("fnuz_group128", per_token_group_quant_fp8(x, 128, kFnuz));
 }
 
 }  // namespace

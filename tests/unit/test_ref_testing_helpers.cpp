@@ -61,7 +61,7 @@ TEST(TestingHelpers, ExactActivationsHavePowerOfTwoGroupScales) {
   s.M = 7;
   s.E = 4;
   s.H = 256;
-  s.I = 64;
+  s.I = 128;
   s.mode = MoeTestMode::kExact;
   const MoeTestProblem p = make_problem(s);
   for (int64_t t = 0; t < s.M; ++t) {
@@ -88,6 +88,7 @@ TEST(TestingHelpers, ExactActivationsHavePowerOfTwoGroupScales) {
 
 TEST(TestingHelpers, ExactModeRejectsWhatItCannotBuild) {
   MoeTestSpec s;
+  s.H = s.I = 128;
   s.mode = MoeTestMode::kExact;
   s.act.activation = MoeActivation::kSwigluStep;  // needs a power-of-two second scale
   EXPECT_THROW(make_problem(s), NotImplementedError);
