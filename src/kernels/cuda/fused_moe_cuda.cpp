@@ -12,6 +12,7 @@
 #include <atomic>
 #include <cstdlib>
 #include <cstring>
+#include <optional>
 
 #include "fp8moe/error.hpp"
 #include "fp8moe/log.hpp"
@@ -19,6 +20,7 @@
 #include "moe_launchers.hpp"
 #include "moe_paths.hpp"
 #include "moe_problem.hpp"
+#include "moe_tuning.hpp"
 
 namespace fp8moe::cuda {
 
@@ -77,9 +79,28 @@ std::string path_limit(Path p, const FusedMoeArgs& args) {
 }
 
 namespace {
+std::optional<TunedConfig> lookup(const MoeProblem& p) {
+  TuningKey k;
+  k.device = device_name();
+  k.E = p.E;
+  k.N = p.I;
+  k.K = p.H;
+  k.topk = p.topk;
+  k.scheme = p.scheme;
+  return tuned_config(k, p.M);
+}
+
 Path choose(const MoeProblem& p) {
   const Path forced = path_override();
   if (forced != Path::kAuto) return forced;
+  if (const auto cfg = lookup(p)) {
+    const Path t = cfg->path == "decode"  ? Path::kDecode
+                   : cfg->path == "wgmma" ? Path::kWgmma
+                                          : Path::kGeneric;
+    if (t == Path::kGeneric || (t == Path::kDecode && decode_path_limit(p).empty()) ||
+        (t == Path::kWgmma && wgmma_path_limit(p).empty()))
+      return t;
+  }
   if (decode_path_limit(p).empty() && decode_path_preferred(p)) return Path::kDecode;
   if (wgmma_path_limit(p).empty() && wgmma_path_preferred(p)) return Path::kWgmma;
   return Path::kGeneric;
@@ -90,6 +111,9 @@ Path choose_path(const FusedMoeArgs& args) { return choose(make_problem(args)); 
 
 // ---- generic path ------------------------------------------------------------------------------
 namespace {
+
+// Benchmark hook: launch only the two GEMMs over a workspace a previous run() filled.
+std::atomic<bool> g_gemm_only{false};
 
 // The expert computation over an aligned row layout: quantise x (x_rows rows), GEMM1, activation,
 // quantise h, GEMM2 into y2_out (row = sorted_ids[p]), * router weight when topk_w is given.
@@ -104,10 +128,11 @@ void run_experts(const MoeProblem& p, const void* x, int64_t x_rows, const RowSc
                  const ExpertRows& r, const Workspace& L, uint8_t* ws, void* y2_out,
                  const float* topk_w) {
   cudaStream_t st = p.stream;
+  const bool gemm_only = g_gemm_only.load();
   uint8_t* qx = ws + L.qx;
   float* sx = reinterpret_cast<float*>(ws + L.sx);
   unsigned* amax = reinterpret_cast<unsigned*>(ws + L.amax);
-  {
+  if (!gemm_only) {
     QuantSpec q;
     q.kind = p.aq1;
     q.gk = p.gk;
@@ -149,10 +174,11 @@ void run_experts(const MoeProblem& p, const void* x, int64_t x_rows, const RowSc
   const bool h_f32 = p.x_f32 || p.fused_silu_quant;
   void* h = ws + L.h;
   const RowSet srows{r.al.sorted_ids, r.al.meta, static_cast<int32_t>(r.capacity), r.num_valid};
-  launch_activation(y1, p.x_f32, p.N1, srows, static_cast<int>(p.I), p.ap, h, h_f32, p.I, st);
+  if (!gemm_only)
+    launch_activation(y1, p.x_f32, p.N1, srows, static_cast<int>(p.I), p.ap, h, h_f32, p.I, st);
   uint8_t* qh = ws + L.qh;
   float* sh = reinterpret_cast<float*>(ws + L.sh);
-  {
+  if (!gemm_only) {
     QuantSpec q;
     q.kind = p.aq2;
     q.gk = p.gk;
@@ -230,11 +256,25 @@ void run_generic_chunk(const MoeProblem& p, const ChunkPtrs& c, int64_t m, const
                        uint8_t* ws) {
   const int32_t* ids = nullptr;
   const float* tw = nullptr;
-  const ExpertRows r = route_and_align(p, c, m, L, ws, &ids, &tw);
+  const bool gemm_only = g_gemm_only.load();
+  ExpertRows r;
+  if (gemm_only) {  // the rows a previous run() aligned
+    r.al =
+        AlignOut{reinterpret_cast<int32_t*>(ws + L.sorted), reinterpret_cast<int32_t*>(ws + L.blk),
+                 reinterpret_cast<int32_t*>(ws + L.meta), reinterpret_cast<int32_t*>(ws + L.cnt),
+                 reinterpret_cast<int32_t*>(ws + L.eoff)};
+    r.num_valid = static_cast<int32_t>(m * p.topk);
+    r.gather_div = static_cast<int32_t>(p.topk);
+    r.capacity = L.capacity;
+    tw = p.route_in_kernel ? reinterpret_cast<const float*>(ws + L.tw) : c.topk_w;
+  } else {
+    r = route_and_align(p, c, m, L, ws, &ids, &tw);
+  }
   RowScale rs;
   if (p.router_on_input) rs.w = tw;
   void* y2 = ws + L.y2;
   run_experts(p, c.x, m, rs, r, L, ws, y2, p.router_on_input ? nullptr : tw);
+  if (gemm_only) return;
   launch_moe_sum(y2, p.x_f32, ids, p.expert_map, static_cast<int>(p.E_global),
                  static_cast<int>(p.E), static_cast<int>(m), static_cast<int>(p.topk),
                  static_cast<int>(p.H), c.out, p.x_f32, p.stream);
@@ -270,7 +310,137 @@ void run_generic(const MoeProblem& p, void* workspace, bool batched) {
   }
 }
 
+}  // namespace
+
+// ---- wgmma path
+// ----------------------------------------------------------------------------------
+namespace {
+
+void run_wgmma_chunk(const MoeProblem& p, const ChunkPtrs& c, int64_t m, const Workspace& L,
+                     uint8_t* ws) {
+  cudaStream_t st = p.stream;
+  const bool gemm_only = g_gemm_only.load();
+  const int32_t* ids = nullptr;
+  const float* tw = nullptr;
+  ExpertRows r;
+  if (gemm_only) {
+    r.al =
+        AlignOut{reinterpret_cast<int32_t*>(ws + L.sorted), reinterpret_cast<int32_t*>(ws + L.blk),
+                 reinterpret_cast<int32_t*>(ws + L.meta), reinterpret_cast<int32_t*>(ws + L.cnt),
+                 reinterpret_cast<int32_t*>(ws + L.eoff)};
+    r.num_valid = static_cast<int32_t>(m * p.topk);
+    r.gather_div = static_cast<int32_t>(p.topk);
+    r.capacity = L.capacity;
+    tw = p.route_in_kernel ? reinterpret_cast<const float*>(ws + L.tw) : c.topk_w;
+  } else {
+    r = route_and_align(p, c, m, L, ws, &ids, &tw);
+  }
+  uint8_t* qx = ws + L.qx;
+  float* sx = reinterpret_cast<float*>(ws + L.sx);
+  if (!gemm_only) {
+    QuantSpec q;
+    q.kind = p.aq1;
+    q.gk = p.gk;
+    q.ue8m0 = p.ue8m0;
+    q.static_scale = p.a13_scale;
+    q.amax_ws = reinterpret_cast<unsigned*>(ws + L.amax);
+    RowSet rows;
+    rows.num_rows = static_cast<int32_t>(m);
+    RowScale rs;
+    if (p.router_on_input) rs.w = tw;
+    launch_quant(q, c.x, p.x_f32, p.H, rows, rs, static_cast<int>(p.H),
+                 QuantOut{qx, p.H, sx, p.a_scale_cols(p.H, p.aq1)}, st);
+  }
+  const GemmRows gr{r.al.sorted_ids, r.al.expert_blk, r.al.meta, r.num_valid, r.gather_div};
+  const bool block = p.w1.scale_kind == static_cast<int>(WScale::kBlock);
+  auto scale_kind = [](AQuant q) {
+    return static_cast<int32_t>(q == AQuant::kGroupDynamic   ? AScale::kGroup
+                                : q == AQuant::kTokenDynamic ? AScale::kToken
+                                                             : AScale::kTensor);
+  };
+  uint8_t* qh = ws + L.qh;
+  float* sh = reinterpret_cast<float*>(ws + L.sh);
+  {
+    WgArgs g;
+    g.rows = gr;
+    g.a = qx;
+    g.a_stride = p.H;
+    g.a_scale = sx;
+    g.a_scale_kind = scale_kind(p.aq1);
+    g.a_scale_stride = p.a_scale_cols(p.H, p.aq1);
+    g.w = p.w1;
+    g.N = static_cast<int32_t>(p.N1);
+    g.K = static_cast<int32_t>(p.H);
+    g.I = static_cast<int32_t>(p.I);
+    g.rows_total = p.E * p.N1;
+    g.block = block;
+    g.gk = p.gk;
+    g.qh = qh;
+    g.sh = sh;
+    g.sh_stride = p.a_scale_cols(p.I, p.aq2);
+    g.aq2 = static_cast<int32_t>(p.aq2);
+    g.a2_scale = p.a2_scale;
+    g.min_scale2 = p.fused_silu_quant ? 1.0f / (kFp8Max * 512.0f) : 0.0f;
+    g.ue8m0 = p.ue8m0;
+    g.ap = p.ap;
+    launch_gemm_wgmma(g, false, static_cast<int>(r.capacity), st);
+  }
+  void* y2 = ws + L.y2;
+  {
+    WgArgs g;
+    g.rows = gr;
+    g.a = qh;
+    g.a_stride = p.I;
+    g.a_scale = p.aq2 == AQuant::kGroupDynamic ? sh : p.a2_scale;
+    g.a_scale_kind = scale_kind(p.aq2);
+    g.a_scale_stride = p.a_scale_cols(p.I, p.aq2);
+    g.w = p.w2;
+    g.N = static_cast<int32_t>(p.H);
+    g.K = static_cast<int32_t>(p.I);
+    g.I = static_cast<int32_t>(p.I);
+    g.rows_total = p.E * p.H;
+    g.block = block;
+    g.gk = p.gk;
+    g.y2 = static_cast<uint16_t*>(y2);
+    g.topk_w = p.router_on_input ? nullptr : tw;
+    launch_gemm_wgmma(g, true, static_cast<int>(r.capacity), st);
+  }
+  if (gemm_only) return;
+  launch_moe_sum(y2, false, ids, p.expert_map, static_cast<int>(p.E_global), static_cast<int>(p.E),
+                 static_cast<int>(m), static_cast<int>(p.topk), static_cast<int>(p.H), c.out, false,
+                 st);
+}
+
+}  // namespace
+
+bool wgmma_path_preferred(const MoeProblem& p) { return p.M > 32; }
+
+std::size_t wgmma_workspace(const MoeProblem& p) {
+  if (p.M == 0 || !wgmma_path_limit(p).empty()) return 0;
+  return workspace_layout(p, chunk_tokens(p, false), kGemmBM).total;
+}
+
+void run_wgmma(const MoeProblem& p, void* workspace) {
+  const int64_t C = chunk_tokens(p, false);
+  const size_t logit_bytes = p.rp.logits_bf16 ? 2 : 4;
+  for (int64_t c0 = 0; c0 < p.M; c0 += C) {
+    const int64_t m = std::min(C, p.M - c0);
+    const Workspace L = workspace_layout(p, m, kGemmBM);
+    ChunkPtrs c;
+    c.x = static_cast<const uint8_t*>(p.x) + c0 * p.H * 2;
+    c.out = static_cast<uint8_t*>(p.out) + c0 * p.H * 2;
+    c.logits = p.route_in_kernel
+                   ? static_cast<const uint8_t*>(p.rp.logits) + c0 * p.E_global * logit_bytes
+                   : nullptr;
+    c.topk_ids = p.topk_ids ? p.topk_ids + c0 * p.topk : nullptr;
+    c.topk_w = p.topk_w ? p.topk_w + c0 * p.topk : nullptr;
+    run_wgmma_chunk(p, c, m, L, static_cast<uint8_t*>(workspace));
+  }
+}
+
 // ---- ExpertsImpl entries -----------------------------------------------------------------------
+namespace {
+
 Support supports_config(const MoeConfig& config, const std::optional<QuantKey>& wk,
                         const std::optional<QuantKey>& ak) {
   switch (config.activation) {
@@ -284,6 +454,8 @@ Support supports_config(const MoeConfig& config, const std::optional<QuantKey>& 
     return Support::no("cuda_fused runs FP8 weights with FP8 activations only (no W16A16)");
   if (wk->dtype != KeyDType::kF8E4M3FN || ak->dtype != KeyDType::kF8E4M3FN)
     return Support::no("cuda_fused runs float8_e4m3fn weights and activations only");
+  if (wk->scale.dtype != KeyDType::kF32 || ak->scale.dtype != KeyDType::kF32)
+    return Support::no("cuda_fused takes f32 scales only (no MXFP8 e8m0 scales)");
   const GroupShape ag = ak->scale.group_shape;
   if (ag.is_per_group() && ag.col != 32 && ag.col != 64 && ag.col != 128)
     return Support::no(
@@ -308,7 +480,10 @@ std::size_t workspace_size(const FusedMoeArgs& args) {
 
 void run(const FusedMoeArgs& args, void* workspace) {
   install_hooks();
-  const MoeProblem p = make_problem(args);
+  MoeProblem p = make_problem(args);
+  if (p.M > 0 && path_override() == Path::kAuto) {
+    if (const auto cfg = lookup(p)) p.decode_rb2 = cfg->rb2;
+  }
   if (p.M == 0) return;
   if (!workspace) throw ValueError("cuda_fused: workspace is null (see workspace_size)");
   const Path path = choose(p);
@@ -420,6 +595,8 @@ void run_batched_experts(const FusedMoeArgs& args, const BatchedExpertsArgs& b, 
                       p.stream);
   run_experts(p, b.x.data, p.M, RowScale{}, r, L, ws, b.out.data, nullptr);
 }
+
+void set_bench_gemm_only(bool on) { g_gemm_only.store(on); }
 
 const ExpertsImpl& fused_impl() {
   static const ExpertsImpl impl = [] {

@@ -42,6 +42,12 @@ Path choose_path(const FusedMoeArgs& args);
 // Why a fast path cannot take this problem ("" when it can).
 std::string path_limit(Path p, const FusedMoeArgs& args);
 
+// Benchmark hook: while on, run() of the generic and wgmma paths launches only GEMM1 and GEMM2
+// over the workspace a previous run() with the same arguments filled (routing, alignment,
+// quantisation, activation and the top-k sum are skipped). The decode path fuses everything and is
+// unaffected. Not for production use.
+void set_bench_gemm_only(bool on);
+
 // The batched (masked) activation format of BatchedTritonExperts, for callers that dispatch into
 // it themselves (DeepEP low-latency style):
 //   x        (E_local, max_tokens, H) bf16/f32     expert_num_tokens (E_local) i32 on the device

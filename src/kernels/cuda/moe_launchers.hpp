@@ -30,6 +30,11 @@ void launch_activation(const void* y1, bool y1_f32, int64_t y1_stride, const Row
 int gemm_mma_bk(const GemmArgs& a);
 void launch_gemm_mma(const GemmArgs& a, int capacity, cudaStream_t stream);
 
+// wgmma grouped GEMM (sm_90a): GEMM1 with the fused activation + quantisation epilogue, or GEMM2
+// with bias, router weight and the scatter to (token, slot) rows. `tm_w` is the weight tensor map
+// (make_weight_tma_wgmma).
+void launch_gemm_wgmma(const WgArgs& a, bool gemm2, int capacity, cudaStream_t stream);
+
 void launch_moe_sum(const void* y2, bool y2_f32, const int32_t* topk_ids, const int32_t* expert_map,
                     int E_global, int E_local, int M, int topk, int H, void* out, bool out_f32,
                     cudaStream_t stream);

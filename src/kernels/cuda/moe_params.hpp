@@ -39,7 +39,7 @@ enum class Act : int32_t {
   kGeluNoMul = 6,
   kGeluTanhNoMul = 7,
   kRelu2NoMul = 8,
-  kSitu = 9,        // needs situ_beta; optional situ_linear_beta
+  kSitu = 9,         // needs situ_beta; optional situ_linear_beta
   kSwigluStep = 10,  // limit fixed at 7
 };
 constexpr bool act_is_gated(Act a) {
@@ -141,6 +141,34 @@ struct GemmArgs {
   int32_t out_scatter = 0;        // 1: out row = sorted_ids[p]; 0: out row = p
   const float* topk_w = nullptr;  // GEMM2: y *= w[flat row]
   int32_t promote_block = 0;      // promote every K tile with its scales (block/group schemes)
+};
+
+// Arguments of the wgmma grouped GEMMs (sm90_fp8_moe_gemm_wgmma.cuh).
+struct WgArgs {
+  GemmRows rows;
+  const uint8_t* a = nullptr;  // GEMM1: q_x (tokens, K); GEMM2: q_h (sorted rows, K)
+  int64_t a_stride = 0;
+  const float* a_scale = nullptr;
+  int32_t a_scale_kind = 0;  // AScale
+  int64_t a_scale_stride = 0;
+  WeightSide w;
+  int32_t N = 0, K = 0;  // GEMM1: N = 2I (packed gate/up), K = H; GEMM2: N = H, K = I
+  int32_t I = 0;
+  int64_t rows_total = 0;  // E * N: rows of the weight tensor (for its TMA descriptor)
+  int32_t block = 0;       // block weights x group activations: promote with scales per k-block
+  int32_t gk = 128;
+  // GEMM1 outputs: the quantised intermediate
+  uint8_t* qh = nullptr;
+  float* sh = nullptr;
+  int64_t sh_stride = 0;
+  int32_t aq2 = 0;  // AQuant of the intermediate: group or static tensor
+  const float* a2_scale = nullptr;
+  float min_scale2 = 0.0f;
+  int32_t ue8m0 = 0;
+  ActParams ap;
+  // GEMM2 outputs
+  uint16_t* y2 = nullptr;  // (M * topk, H) bf16
+  const float* topk_w = nullptr;
 };
 
 struct AlignOut {

@@ -144,10 +144,9 @@ void set_routing(const RoutingConfig& r, int64_t E, MoeProblem& p) {
     rp.bias = b.data;
     rp.bias_bf16 = b.dtype == DType::kBF16;
   }
-  const bool takes_bias = m == RoutingMethodType::kDeepSeekV3 ||
-                          m == RoutingMethodType::kMiniMax2 ||
-                          m == RoutingMethodType::kDeepseekV4 ||
-                          m == RoutingMethodType::kUnspecified;
+  const bool takes_bias =
+      m == RoutingMethodType::kDeepSeekV3 || m == RoutingMethodType::kMiniMax2 ||
+      m == RoutingMethodType::kDeepseekV4 || m == RoutingMethodType::kUnspecified;
   if (has_bias && !takes_bias)
     bad(fmt::format("routing method {} takes no e_score_correction_bias", routing_method_name(m)));
   auto set = [&](RouteScore sc, RouteWeight w, RouteRenorm rn, float eps, bool rsf) {
@@ -209,18 +208,18 @@ void set_routing(const RoutingConfig& r, int64_t E, MoeProblem& p) {
         rp.topk_group = r.topk_group;
       } else if (has_bias) {
         const bool ssp = sc == RouteScore::kSqrtSoftplus;
-        set(sc, RouteWeight::kScore,
-            renorm ? (ssp ? RouteRenorm::kMaxSumEps : sum) : none, ssp ? 1e-20f : 0.0f, true);
+        set(sc, RouteWeight::kScore, renorm ? (ssp ? RouteRenorm::kMaxSumEps : sum) : none,
+            ssp ? 1e-20f : 0.0f, true);
       } else {
         const bool ssp = sc == RouteScore::kSqrtSoftplus;
-        set(sc, RouteWeight::kScore,
-            renorm ? (ssp ? RouteRenorm::kMaxSumEps : sum) : none, ssp ? 1e-20f : 0.0f, false);
+        set(sc, RouteWeight::kScore, renorm ? (ssp ? RouteRenorm::kMaxSumEps : sum) : none,
+            ssp ? 1e-20f : 0.0f, false);
       }
       break;
     }
     default:
-      unsupported(fmt::format("routing method {} needs a custom routing function",
-                              routing_method_name(m)));
+      unsupported(
+          fmt::format("routing method {} needs a custom routing function", routing_method_name(m)));
   }
 }
 
@@ -377,6 +376,7 @@ MoeProblem make_problem(const FusedMoeArgs& a) {
     p.ap.has_limit = 0;
   }
   p.stream = static_cast<cudaStream_t>(a.stream);
+  p.scheme = sc.str();
   return p;
 }
 

@@ -130,6 +130,7 @@ void run_decode(const MoeProblem& p, void* workspace) {
   int rb2 = 1;
   while (rb2 < 4 && p.H % (kDecR2 * rb2 * 2) == 0 && int64_t(kDecR2) * rb2 * p.I < 64 * 1024)
     rb2 *= 2;
+  if (p.decode_rb2 > 0 && p.H % (int64_t(kDecR2) * p.decode_rb2) == 0) rb2 = p.decode_rb2;
   d.rb2 = rb2;
   d.counters = reinterpret_cast<int*>(ws + L.counters);
   d.n_act_max = static_cast<int>(n_act_max(p));

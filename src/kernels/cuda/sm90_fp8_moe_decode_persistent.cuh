@@ -309,11 +309,14 @@ __device__ void dec_quant_token(const DecodeParams& p, const DecTables& t, int t
       for (int w = 0; w < kDecConsumerWarps; ++w) amax = fmaxf(amax, red[w]);
       sc = fmaxf(amax / kFp8Max, 1.0f / (kFp8Max * 512.0f));
       if (tid == 0) p.sx[tok] = sc;
+      for (int c = tid; c < p.H; c += kDecConsumers) q[c] = float_to_e4m3(val(c) / sc);
     } else {
+      // static per-tensor: scaled_fp8_conversion multiplies by the inverse scale
       sc = p.a13_scale[0];
       if (tid == 0 && tok == 0) p.sx[0] = sc;
+      const float inv = 1.0f / sc;
+      for (int c = tid; c < p.H; c += kDecConsumers) q[c] = float_to_e4m3(val(c) * inv);
     }
-    for (int c = tid; c < p.H; c += kDecConsumers) q[c] = float_to_e4m3(val(c) / sc);
   }
 }
 
@@ -714,7 +717,7 @@ __global__ void __launch_bounds__(kDecThreads, 1)
           }
           if (!p.ap.fp32_silu) hv = round_act(p.ap, hv);
           if (p.aq2 == static_cast<int>(AQuant::kTensorStatic)) {
-            p.qh[int64_t(pair) * p.I + col] = float_to_e4m3(hv / p.a2_scale[0]);
+            p.qh[int64_t(pair) * p.I + col] = float_to_e4m3(hv * (1.0f / p.a2_scale[0]));
           } else {
             store_act(p.h, int64_t(pair) * p.I + col, hv, p.h_f32);
           }

@@ -104,7 +104,7 @@ __device__ inline void route_token_warp(const RoutingParams& rp, int t, int E, i
   if (rp.grouped) {
     const int G = rp.num_expert_group;
     const int per = E / G;
-    float* s_key = sbuf;       // E floats
+    float* s_key = sbuf;        // E floats
     float* s_group = sbuf + E;  // G floats (G <= 32 in practice; guarded below)
 #pragma unroll
     for (int i = 0; i < kRoutePerLane; ++i) {
@@ -222,8 +222,8 @@ __device__ inline void route_token_warp(const RoutingParams& rp, int t, int E, i
   if (rp.renorm != static_cast<int>(RouteRenorm::kNone)) {
     float sum = 0.0f;
     for (int j = 0; j < topk; ++j) sum += __shfl_sync(0xffffffffu, my_w, j);
-    float denom = rp.renorm == static_cast<int>(RouteRenorm::kMaxSumEps) ? fmaxf(sum, rp.eps)
-                                                                          : sum + rp.eps;
+    float denom =
+        rp.renorm == static_cast<int>(RouteRenorm::kMaxSumEps) ? fmaxf(sum, rp.eps) : sum + rp.eps;
     if (!(denom > 0.0f)) denom = 1.0f;
     my_w = my_w / denom;
   }
