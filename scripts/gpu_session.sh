@@ -4,7 +4,9 @@
 # every log under $OUT (or ./gpu_out) and a short summary printed last.
 #
 #   scripts/gpu_session.sh [--no-tests] [--no-sanitize] [--no-bench] [--bench-args "..."]
-#                          [--tests-filter REGEX]
+#                          [--tests-filter REGEX] [--ncu "BENCH ARGS"]
+# --ncu runs Nsight Compute (SpeedOfLight, memory, warp stalls) on the fused-MoE kernels of one
+# direct run per configuration of `bench_cuda_moe --ncu BENCH ARGS`, into ncu.log.
 #
 # Dependencies the machine may lack (gtest, fmt, nlohmann_json, CLI11, hwy, benchmark) are taken
 # from a Debian package prefix when one is found at $FP8MOE_DEPS_PREFIX or ../.debs/prefix/usr
@@ -19,6 +21,7 @@ RUN_TESTS=1
 RUN_SAN=1
 RUN_BENCH=1
 BENCH_ARGS=""
+NCU_ARGS=""
 TESTS_FILTER="Cuda"
 while [ $# -gt 0 ]; do
   case "$1" in
@@ -27,6 +30,7 @@ while [ $# -gt 0 ]; do
     --no-bench) RUN_BENCH=0 ;;
     --bench-args) BENCH_ARGS="$2"; shift ;;
     --tests-filter) TESTS_FILTER="$2"; shift ;;
+    --ncu) NCU_ARGS="$2"; shift ;;
     *) echo "unknown argument $1"; exit 2 ;;
   esac
   shift
@@ -49,7 +53,7 @@ stamp() { echo "[$(( $(date +%s) - T0 ))s] $*"; }
   ls -d /usr/include/gtest /usr/include/fmt /usr/include/nlohmann /usr/include/CLI /usr/include/hwy \
     /usr/include/benchmark 2>&1
   command -v compute-sanitizer || ls /usr/local/cuda/bin/compute-sanitizer
-} >"$OUT/env.log" 2>&1
+} >"$OUT/build.log" 2>&1
 stamp "environment logged"
 
 PREFIX=${FP8MOE_DEPS_PREFIX:-}
@@ -65,13 +69,16 @@ if [ -n "$PREFIX" ]; then
   export LD_LIBRARY_PATH="$PREFIX/lib/x86_64-linux-gnu:${LD_LIBRARY_PATH:-}"
 fi
 [ -n "$CUTLASS" ] && CMAKE_EXTRA+=("-DFP8MOE_CUTLASS_INCLUDE=$CUTLASS")
+# g++ 13 (the GPU image) does not pull <cstdint> in through the standard headers as g++ 12 does;
+# a few shared headers rely on that, so force it in (host C++ only: nvcc preprocesses .cu twice).
+CMAKE_EXTRA+=("-DCMAKE_CXX_FLAGS=-include cstdint")
 [ -x /usr/local/cuda/bin/nvcc ] && export PATH=/usr/local/cuda/bin:$PATH
 
 # ---- build ------------------------------------------------------------------------------------
 BUILD=$ROOT/build-gpu
 stamp "configure"
 cmake -S . -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=Release -DFP8MOE_WITH_CUDA=ON \
-  -DFP8MOE_BUILD_TOOL=OFF "${CMAKE_EXTRA[@]}" >"$OUT/build.log" 2>&1
+  -DFP8MOE_BUILD_TOOL=OFF "${CMAKE_EXTRA[@]}" >>"$OUT/build.log" 2>&1
 CFG=$?
 stamp "build"
 if [ $CFG -eq 0 ]; then
@@ -98,6 +105,10 @@ if [ $RUN_TESTS -eq 1 ]; then
   note "tests: rc=$TEST_RC; $(grep -E 'tests passed|tests failed' "$OUT/tests.log" | tail -1)"
   grep -E '^\s+[0-9]+ - .*\((Failed|Timeout|SEGFAULT|Subprocess)' "$OUT/tests.log" | head -30 |
     tee -a "$SUMMARY"
+  # the wgmma path promoting every 32 of K (FP8MOE_WGMMA_PROMOTE=32) on the exact cases
+  FP8MOE_WGMMA_PROMOTE=32 timeout 300 "$TESTS" --gtest_filter='Cases/CudaExact.*' \
+    >>"$OUT/tests.log" 2>&1
+  note "exact cases (all paths), wgmma promoting every 32: rc=$?; $(grep -E '^\[  (PASSED|FAILED)  \]' "$OUT/tests.log" | tail -2 | tr '\n' ' ')"
 fi
 
 # ---- compute-sanitizer subset -------------------------------------------------------------------
@@ -111,6 +122,16 @@ if [ $RUN_SAN -eq 1 ]; then
     note "sanitizer $tool: rc=$rc; $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY|PASSED|FAILED' \
       "$OUT/sanitizer_$tool.log" | tr '\n' ' ' | cut -c1-200)"
   done
+fi
+
+# ---- Nsight Compute ------------------------------------------------------------------------------
+if [ -n "$NCU_ARGS" ]; then
+  stamp "ncu"
+  # shellcheck disable=SC2086
+  timeout 300 ncu --clock-control none -k 'regex:moe_decode_kernel|moe_gemm_wgmma_kernel|moe_gemm_mma_kernel' \
+    --section SpeedOfLight --section MemoryWorkloadAnalysis --section WarpStateStats \
+    --section LaunchStats --section Occupancy "$BENCH" --ncu $NCU_ARGS >"$OUT/ncu.log" 2>&1
+  note "ncu: rc=$?"
 fi
 
 # ---- benchmark --------------------------------------------------------------------------------

@@ -431,7 +431,7 @@ std::vector<StatCase> stat_cases() {
   };
   const Model models[] = {
       {"deepseek_tp8", 64, 7168, 256, 8, RoutingMethodType::kDeepSeekV3, 8, 4, 2.5},
-      {"deepseek_tp2", 32, 7168, 1024, 8, RoutingMethodType::kDeepSeekV3, 8, 4, 2.5},
+      {"deepseek_tp2", 16, 7168, 1024, 8, RoutingMethodType::kDeepSeekV3, 8, 4, 2.5},
       {"qwen3_30b_tp1", 32, 2048, 768, 8, RoutingMethodType::kRenormalizeNaive, 0, 0, 1.0},
       {"qwen3_235b_tp4", 32, 4096, 384, 8, RoutingMethodType::kRenormalizeNaive, 0, 0, 1.0},
       {"qwen3_next_tp2", 64, 2048, 256, 10, RoutingMethodType::kRenormalizeNaive, 0, 0, 1.0},
@@ -463,7 +463,7 @@ std::vector<StatCase> stat_cases() {
   {  // Mixtral per-tensor (TT), small E already
     StatCase c;
     c.name = "mixtral_tp2_per_tensor_M8";
-    c.spec = base_stat(8, 8, 4096, 7168, 2, 3);
+    c.spec = base_stat(8, 4, 4096, 7168, 2, 3);
     c.spec.scheme.weight = WeightScaleKind::kPerTensor;
     c.spec.scheme.act = ActQuantKind::kPerTensorStatic;
     c.spec.routing_config.method = RoutingMethodType::kRenormalize;

@@ -316,6 +316,15 @@ void run_generic(const MoeProblem& p, void* workspace, bool batched) {
 // ----------------------------------------------------------------------------------
 namespace {
 
+// FP8MOE_WGMMA_PROMOTE=32: promote the wgmma partial sums every 32 of K instead of every 128.
+bool wgmma_promote_k32() {
+  static const bool on = [] {
+    const char* v = std::getenv("FP8MOE_WGMMA_PROMOTE");
+    return v && std::strcmp(v, "32") == 0;
+  }();
+  return on;
+}
+
 void run_wgmma_chunk(const MoeProblem& p, const ChunkPtrs& c, int64_t m, const Workspace& L,
                      uint8_t* ws) {
   cudaStream_t st = p.stream;
@@ -374,6 +383,7 @@ void run_wgmma_chunk(const MoeProblem& p, const ChunkPtrs& c, int64_t m, const W
     g.I = static_cast<int32_t>(p.I);
     g.rows_total = p.E * p.N1;
     g.block = block;
+    g.promote_k32 = wgmma_promote_k32();
     g.gk = p.gk;
     g.qh = qh;
     g.sh = sh;
@@ -400,6 +410,7 @@ void run_wgmma_chunk(const MoeProblem& p, const ChunkPtrs& c, int64_t m, const W
     g.I = static_cast<int32_t>(p.I);
     g.rows_total = p.E * p.H;
     g.block = block;
+    g.promote_k32 = wgmma_promote_k32();
     g.gk = p.gk;
     g.y2 = static_cast<uint16_t*>(y2);
     g.topk_w = p.router_on_input ? nullptr : tw;

@@ -156,6 +156,7 @@ struct WgArgs {
   int32_t I = 0;
   int64_t rows_total = 0;  // E * N: rows of the weight tensor (for its TMA descriptor)
   int32_t block = 0;       // block weights x group activations: promote with scales per k-block
+  int32_t promote_k32 = 0;  // promote after every k32 wgmma (more fp32 precision, slower)
   int32_t gk = 128;
   // GEMM1 outputs: the quantised intermediate
   uint8_t* qh = nullptr;

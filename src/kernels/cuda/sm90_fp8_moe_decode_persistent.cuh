@@ -268,55 +268,73 @@ __device__ void dec_build_tables(const DecodeParams& p, DecTables& t, float* rou
   __syncthreads();
 }
 
-// ---- consumer: quantise one token of x ---------------------------------------------------------
+// ---- consumer: quantise a chunk of one token of x ---------------------------------------------
+// Group and static scales: chunks of 2048 columns, 8 per thread (16-byte loads), the group max over
+// gk/8 consecutive lanes. Per-token scales need the whole row: one chunk per token.
+constexpr int kDecQChunk = 2048;
+
 template <typename T>
-__device__ void dec_quant_token(const DecodeParams& p, const DecTables& t, int tok, float* red) {
+__device__ void dec_quant_chunk(const DecodeParams& p, const DecTables& t, int tok, int chunk,
+                                float* red) {
   const int tid = threadIdx.x;
   const T* x = static_cast<const T*>(p.x) + int64_t(tok) * p.H;
   const float rw = p.router_on_input ? t.pair_w[tok * p.topk] : 1.0f;
-  auto val = [&](int c) {
-    float v = load_as_float<T>(x, c);
-    if (p.router_on_input) v = sizeof(T) == 2 ? bf16_round(v * bf16_round(rw)) : v * rw;
-    return v;
-  };
   uint8_t* q = p.qx + int64_t(tok) * p.H;
+  auto load8_scaled = [&](int c, float(&v)[8]) {
+    load8<T>(x + c, v);
+    if (p.router_on_input) {
+#pragma unroll
+      for (int i = 0; i < 8; ++i)
+        v[i] = sizeof(T) == 2 ? bf16_round(v[i] * bf16_round(rw)) : v[i] * rw;
+    }
+  };
+  if (p.aq1 == static_cast<int>(AQuant::kTokenDynamic)) {
+    float amax = 0.0f;
+    for (int c = tid * 8; c < p.H; c += kDecConsumers * 8) {
+      float v[8];
+      load8_scaled(c, v);
+#pragma unroll
+      for (int i = 0; i < 8; ++i) amax = fmaxf(amax, fabsf(v[i]));
+    }
+    amax = warp_max(amax);
+    if ((tid & 31) == 0) red[tid >> 5] = amax;
+    consumer_sync();
+    amax = 0.0f;
+    for (int w = 0; w < kDecConsumerWarps; ++w) amax = fmaxf(amax, red[w]);
+    const float sc = fmaxf(amax / kFp8Max, 1.0f / (kFp8Max * 512.0f));
+    if (tid == 0) p.sx[tok] = sc;
+    for (int c = tid * 8; c < p.H; c += kDecConsumers * 8) {
+      float v[8];
+      load8_scaled(c, v);
+#pragma unroll
+      for (int i = 0; i < 8; ++i) v[i] = v[i] / sc;
+      *reinterpret_cast<uint2*>(q + c) = quant8(v, 1.0f);
+    }
+    return;
+  }
+  const int c = chunk * kDecQChunk + tid * 8;
+  const bool ok = c < p.H;
+  float v[8] = {};
+  if (ok) load8_scaled(c, v);
   if (p.aq1 == static_cast<int>(AQuant::kGroupDynamic)) {
-    const int gcols = p.H / p.gk;
-    float* s = p.sx + int64_t(tok) * gcols;
-    // one warp per group: gk / 32 elements per lane
-    for (int g = tid >> 5; g < gcols; g += kDecConsumerWarps) {
-      const int per = p.gk / 32;
-      float v[4];
-      float amax = 0.0f;
-      for (int i = 0; i < per; ++i) {
-        v[i] = val(g * p.gk + i * 32 + (tid & 31));
-        amax = fmaxf(amax, fabsf(v[i]));
-      }
-      amax = warp_max(amax);
-      const float sc = group_scale(amax, p.ue8m0 != 0, 0.0f);
-      for (int i = 0; i < per; ++i) q[g * p.gk + i * 32 + (tid & 31)] = float_to_e4m3(v[i] / sc);
-      if ((tid & 31) == 0) s[g] = sc;
-    }
+    float amax = 0.0f;
+#pragma unroll
+    for (int i = 0; i < 8; ++i) amax = fmaxf(amax, fabsf(v[i]));
+    const int width = p.gk / 8;  // lanes per group (4, 8 or 16)
+    for (int o = width / 2; o > 0; o >>= 1)
+      amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
+    if (!ok) return;
+    const float sc = group_scale(amax, p.ue8m0 != 0, 0.0f);
+    *reinterpret_cast<uint2*>(q + c) = quant8(v, sc);
+    if ((tid % width) == 0) p.sx[int64_t(tok) * (p.H / p.gk) + c / p.gk] = sc;
   } else {
-    float sc;
-    if (p.aq1 == static_cast<int>(AQuant::kTokenDynamic)) {
-      float amax = 0.0f;
-      for (int c = tid; c < p.H; c += kDecConsumers) amax = fmaxf(amax, fabsf(val(c)));
-      amax = warp_max(amax);
-      if ((tid & 31) == 0) red[tid >> 5] = amax;
-      consumer_sync();
-      amax = 0.0f;
-      for (int w = 0; w < kDecConsumerWarps; ++w) amax = fmaxf(amax, red[w]);
-      sc = fmaxf(amax / kFp8Max, 1.0f / (kFp8Max * 512.0f));
-      if (tid == 0) p.sx[tok] = sc;
-      for (int c = tid; c < p.H; c += kDecConsumers) q[c] = float_to_e4m3(val(c) / sc);
-    } else {
-      // static per-tensor: scaled_fp8_conversion multiplies by the inverse scale
-      sc = p.a13_scale[0];
-      if (tid == 0 && tok == 0) p.sx[0] = sc;
-      const float inv = 1.0f / sc;
-      for (int c = tid; c < p.H; c += kDecConsumers) q[c] = float_to_e4m3(val(c) * inv);
-    }
+    if (!ok) return;
+    // static per-tensor: scaled_fp8_conversion multiplies by the inverse scale
+    const float inv = 1.0f / p.a13_scale[0];
+#pragma unroll
+    for (int i = 0; i < 8; ++i) v[i] = v[i] * inv;
+    *reinterpret_cast<uint2*>(q + c) = quant8(v, 1.0f);
+    if (tid == 0 && tok == 0 && chunk == 0) p.sx[0] = p.a13_scale[0];
   }
 }
 
@@ -398,24 +416,27 @@ __global__ void __launch_bounds__(kDecThreads, 1)
 
   const DecGeom geo(p);
   const DecCounters ctr(p);
+  const int qchunks =
+      p.aq1 == static_cast<int>(AQuant::kTokenDynamic) ? 1 : (p.H + kDecQChunk - 1) / kDecQChunk;
+  const int nq = p.M * qchunks;
   const int n1 = t.n_pass * geo.ng1;
   const int n2 = t.n_pass * geo.nc2;
   const int N1 = p.gated ? 2 * p.I : p.I;
 
   auto decode_ticket = [&](int tk) {
     DecItem it{kDecDone, 0, 0, 0};
-    if (tk < p.M) {
+    if (tk < nq) {
       it.type = kDecQuant;
       it.idx = tk;
-    } else if (tk < p.M + n1) {
-      const int i = tk - p.M;
+    } else if (tk < nq + n1) {
+      const int i = tk - nq;
       const int pg = i / geo.ng1;
       it.type = kDecGemm1;
       it.a = find_range(t.pass_off, t.n_act, pg);
       it.pass = pg - t.pass_off[it.a];
       it.idx = i % geo.ng1;
-    } else if (tk < p.M + n1 + n2) {
-      const int i = tk - p.M - n1;
+    } else if (tk < nq + n1 + n2) {
+      const int i = tk - nq - n1;
       const int pg = i / geo.nc2;
       it.type = kDecGemm2;
       it.a = find_range(t.pass_off, t.n_act, pg);
@@ -518,8 +539,8 @@ __global__ void __launch_bounds__(kDecThreads, 1)
         for (int j = 0; j < kstages; ++j) {
           const int k0 = j * (kb_per_stage * 128);
           const int nkb = min(kb_per_stage, (K - k0) / 128);
+          mbar_wait(&empty[stage], sphase ^ 1);
           if (lane == 0) {
-            mbar_wait(&empty[stage], sphase ^ 1);
             mbar_arrive_expect_tx(&full[stage], nkb * RT * kDecBox);
             uint8_t* wdst = ring + stage * kDecStageBytes;
             for (int rt = 0; rt < RT; ++rt) {
@@ -573,7 +594,7 @@ __global__ void __launch_bounds__(kDecThreads, 1)
     }
     if (it.type == kDecDone) break;
     if (it.type == kDecQuant) {
-      dec_quant_token<TX>(p, t, it.idx, scratch);
+      dec_quant_chunk<TX>(p, t, it.idx / qchunks, it.idx % qchunks, scratch);
       __threadfence();
       consumer_sync();
       if (tid == 0) atomicAdd(ctr.qx_done, 1);
@@ -620,10 +641,30 @@ __global__ void __launch_bounds__(kDecThreads, 1)
       for (int g = 0; g < 4; ++g)
 #pragma unroll
         for (int r = 0; r < 4; ++r) total[g][r] = 0.0f;
+      // Scales of one stage for this warp. With one promotion per k-block (sps == 4) they are
+      // loaded one stage ahead, so their latency hides behind the previous stage's MMAs.
+      struct StageScales {
+        float sw0, sw1, sa[4][2];
+      };
+      auto load_scales = [&](int j, StageScales& S) {
+        const int kg = j * KBS * 128 + kbw * 128;
+        if (kg >= K) return;  // no k-block of this warp in stage j
+        S.sw0 = dec_weight_scale(ws, e, wrow[0], NW, kg);
+        S.sw1 = dec_weight_scale(ws, e, wrow[1], NW, kg);
+#pragma unroll
+        for (int g = 0; g < 4; ++g)
+#pragma unroll
+          for (int c = 0; c < 2; ++c)
+            S.sa[g][c] = (g < G && arow[g][c] >= 0) ? dec_a_scale(p, g2, arow[g][c], kg) : 0.0f;
+      };
+      const bool ahead = sps == 4;
+      StageScales cur{}, nxt{};
+      if (ahead) load_scales(0, cur);
       for (int j = 0; j < kstages; ++j) {
         const int k0 = j * KBS * 128;
         const int nkb = min(KBS, (K - k0) / 128);
         mbar_wait(&full[stage], sphase);
+        if (ahead && j + 1 < kstages) load_scales(j + 1, nxt);
         if (kbw < nkb) {
           const uint8_t* wbox = ring + stage * kDecStageBytes + (kbw * RT + rt) * kDecBox;
           const uint8_t* abase = ring + stage * kDecStageBytes + kDecWBytes;
@@ -651,18 +692,31 @@ __global__ void __launch_bounds__(kDecThreads, 1)
               }
             }
             if ((ks + 1) % sps == 0) {
-              const int ksub = k0 + kbw * 128 + (ks + 1 - sps) * 32;
-              const float sw0 = dec_weight_scale(ws, e, wrow[0], NW, ksub);
-              const float sw1 = dec_weight_scale(ws, e, wrow[1], NW, ksub);
+              float sw0, sw1;
+              float sa[4][2];
+              if (ahead) {
+                sw0 = cur.sw0;
+                sw1 = cur.sw1;
+#pragma unroll
+                for (int g = 0; g < 4; ++g) sa[g][0] = cur.sa[g][0], sa[g][1] = cur.sa[g][1];
+              } else {
+                const int ksub = k0 + kbw * 128 + (ks + 1 - sps) * 32;
+                sw0 = dec_weight_scale(ws, e, wrow[0], NW, ksub);
+                sw1 = dec_weight_scale(ws, e, wrow[1], NW, ksub);
+#pragma unroll
+                for (int g = 0; g < 4; ++g)
+#pragma unroll
+                  for (int c = 0; c < 2; ++c)
+                    sa[g][c] =
+                        (g < G && arow[g][c] >= 0) ? dec_a_scale(p, g2, arow[g][c], ksub) : 0.0f;
+              }
 #pragma unroll
               for (int g = 0; g < 4; ++g) {
                 if (g < G) {
-                  const float sa0 = arow[g][0] < 0 ? 0.0f : dec_a_scale(p, g2, arow[g][0], ksub);
-                  const float sa1 = arow[g][1] < 0 ? 0.0f : dec_a_scale(p, g2, arow[g][1], ksub);
-                  total[g][0] += part[g][0] * sa0 * sw0;
-                  total[g][1] += part[g][1] * sa1 * sw0;
-                  total[g][2] += part[g][2] * sa0 * sw1;
-                  total[g][3] += part[g][3] * sa1 * sw1;
+                  total[g][0] += part[g][0] * sa[g][0] * sw0;
+                  total[g][1] += part[g][1] * sa[g][1] * sw0;
+                  total[g][2] += part[g][2] * sa[g][0] * sw1;
+                  total[g][3] += part[g][3] * sa[g][1] * sw1;
 #pragma unroll
                   for (int r = 0; r < 4; ++r) part[g][r] = 0.0f;
                 }
@@ -676,6 +730,7 @@ __global__ void __launch_bounds__(kDecThreads, 1)
           stage = 0;
           sphase ^= 1;
         }
+        if (ahead) cur = nxt;
       }
       // partial sums of the k-block warps -> scratch[kb][row][token]
       const int rows_all = RT * 16;

@@ -1,5 +1,6 @@
 // Host side of the wgmma grouped GEMMs (sm90_fp8_moe_gemm_wgmma.cuh): the path's limits, the TMA
 // descriptors and the launches.
+#include <algorithm>
 #include <mutex>
 #include <string>
 
@@ -11,12 +12,23 @@
 namespace fp8moe::cuda {
 
 namespace {
-template <bool kGemm2>
+int num_sms() {
+  static const int n = [] {
+    int dev = 0, v = 0;
+    FP8MOE_CUDA_CHECK(cudaGetDevice(&dev));
+    FP8MOE_CUDA_CHECK(cudaDeviceGetAttribute(&v, cudaDevAttrMultiProcessorCount, dev));
+    return v;
+  }();
+  return n;
+}
+
+template <bool kGemm2, bool kK32>
 void configure_once() {
   static std::once_flag once;
   std::call_once(once, [] {
-    FP8MOE_CUDA_CHECK(cudaFuncSetAttribute(
-        moe_gemm_wgmma_kernel<kGemm2>, cudaFuncAttributeMaxDynamicSharedMemorySize, kWgSmemBytes));
+    FP8MOE_CUDA_CHECK(cudaFuncSetAttribute(moe_gemm_wgmma_kernel<kGemm2, kK32>,
+                                           cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                           kWgSmemBytes));
   });
 }
 }  // namespace
@@ -46,15 +58,29 @@ void launch_gemm_wgmma(const WgArgs& a, bool gemm2, int capacity, cudaStream_t s
   if (capacity == 0) return;
   // weight tensor map: rows of the (E, N, K) tensor, boxes of 128 rows x 128 bytes
   const CUtensorMap tm = make_tma_2d_u8(a.w.w, a.K, a.rows_total, 128, 128);
-  const dim3 grid(static_cast<unsigned>(gemm2 ? ceil_div(a.N, 256) : a.I / 128),
-                  static_cast<unsigned>(capacity / kWgBM));
-  if (gemm2) {
-    configure_once<true>();
-    moe_gemm_wgmma_kernel<true><<<grid, kWgThreads, kWgSmemBytes, stream>>>(a, tm);
+  const int n_tiles_n = static_cast<int>(gemm2 ? ceil_div(a.N, 256) : a.I / 128);
+  const int n_mblk = capacity / kWgBM;
+  const int64_t tiles = int64_t(n_tiles_n) * n_mblk;
+  // persistent: one CTA per SM (the ring takes ~200 KB of shared memory)
+  const unsigned grid = static_cast<unsigned>(std::min<int64_t>(tiles, num_sms()));
+#define FP8MOE_WG(G2, K32)                                                      \
+  do {                                                                          \
+    configure_once<G2, K32>();                                                  \
+    moe_gemm_wgmma_kernel<G2, K32>                                              \
+        <<<grid, kWgThreads, kWgSmemBytes, stream>>>(a, tm, n_mblk, n_tiles_n); \
+  } while (0)
+  if (a.promote_k32) {
+    if (gemm2)
+      FP8MOE_WG(true, true);
+    else
+      FP8MOE_WG(false, true);
   } else {
-    configure_once<false>();
-    moe_gemm_wgmma_kernel<false><<<grid, kWgThreads, kWgSmemBytes, stream>>>(a, tm);
+    if (gemm2)
+      FP8MOE_WG(true, false);
+    else
+      FP8MOE_WG(false, false);
   }
+#undef FP8MOE_WG
   FP8MOE_CUDA_CHECK_LAUNCH();
 }
 

@@ -97,33 +97,46 @@ __device__ __forceinline__ float wg_weight_scale(const WeightSide& w, int e, int
   }
 }
 
-template <bool kGemm2>
+// Tile t of a launch: m_blk fastest, so the CTAs running together share the n-tile (the expert's
+// weight slice stays in L2 while several 64-row blocks of that expert use it).
+struct WgTile {
+  int m_blk, nt, e;
+  bool valid;
+};
+__device__ __forceinline__ WgTile wg_tile(const WgArgs& p, int t, int n_mblk) {
+  WgTile w;
+  w.m_blk = t % n_mblk;
+  w.nt = t / n_mblk;
+  w.e = -1;
+  w.valid = w.m_blk * kWgBM < *p.rows.num_rows_ptr;
+  if (w.valid) {
+    w.e = p.rows.expert_blk[w.m_blk];
+    w.valid = w.e >= 0;
+  }
+  return w;
+}
+
+// Persistent: each CTA walks tiles blockIdx.x, blockIdx.x + gridDim.x, ...; the shared-memory ring
+// (and its phases) runs on across tiles, so the producer streams the next tile while the math
+// warpgroups finish the previous one.
+// kK32: promote after every k32 wgmma instead of every 128-wide k-block. Hopper's FP8 wgmma adds
+// inside the tensor core with less than fp32 precision (DeepSeek-V3 report: ~14 bits), so a
+// 128-deep partial can round; promoting every 32 keeps more bits, at the cost of four times the
+// promotion FMAs.
+template <bool kGemm2, bool kK32>
 __global__ void __launch_bounds__(kWgThreads, 1)
     moe_gemm_wgmma_kernel(const __grid_constant__ WgArgs p,
-                          const __grid_constant__ CUtensorMap tm_w) {
+                          const __grid_constant__ CUtensorMap tm_w, int n_mblk, int n_tiles_n) {
   extern __shared__ uint8_t wg_smem_raw[];
   uint8_t* smem = reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(wg_smem_raw) + 1023) &
                                              ~uintptr_t(1023));
   float* epi = reinterpret_cast<float*>(smem + kWgStages * kWgStageBytes);
   uint64_t* full = reinterpret_cast<uint64_t*>(reinterpret_cast<uint8_t*>(epi) + kWgEpiBytes);
   uint64_t* empty = full + kWgStages;
-  __shared__ int64_t s_aoff[kWgBM];
-  __shared__ int32_t s_row[kWgBM];  // GEMM1: sorted position; GEMM2: flat (token, slot) row
+  __shared__ int32_t s_row[2][kWgBM];  // per math warpgroup: output row of each tile row
 
-  const int m_blk = blockIdx.y;
-  if (m_blk * kWgBM >= *p.rows.num_rows_ptr) return;
-  const int e = p.rows.expert_blk[m_blk];
-  if (e < 0) return;
   const int tid = threadIdx.x;
   const int wg = tid / 128, wtid = tid % 128;
-  if (tid < kWgBM) {
-    const int pos = m_blk * kWgBM + tid;
-    const int id = p.rows.sorted_ids[pos];
-    const bool valid = id < p.rows.num_valid;
-    const int64_t arow = kGemm2 ? pos : id / p.rows.topk;
-    s_aoff[tid] = valid ? arow * p.a_stride : -1;
-    s_row[tid] = valid ? (kGemm2 ? id : pos) : -1;
-  }
   if (tid == 0) {
     for (int i = 0; i < kWgStages; ++i) {
       mbar_init(&full[i], 1 + 128);
@@ -133,49 +146,63 @@ __global__ void __launch_bounds__(kWgThreads, 1)
   }
   __syncthreads();
   const int num_kb = p.K / 128;
-  // weight rows of the two math warpgroups
-  const int nt = blockIdx.x;
-  int brow[2];
-  if (kGemm2) {
-    brow[0] = e * p.N + nt * 256;
-    brow[1] = brow[0] + 128;
-  } else {
-    brow[0] = e * p.N + nt * 128;
-    brow[1] = e * p.N + p.I + nt * 128;
-  }
+  const int n_tiles = n_mblk * n_tiles_n;
+  auto brows = [&](const WgTile& w, int(&br)[2]) {
+    if (kGemm2) {
+      br[0] = w.e * p.N + w.nt * 256;
+      br[1] = br[0] + 128;
+    } else {
+      br[0] = w.e * p.N + w.nt * 128;
+      br[1] = w.e * p.N + p.I + w.nt * 128;
+    }
+  };
+  auto a_offset = [&](const WgTile& w, int r) -> int64_t {
+    const int pos = w.m_blk * kWgBM + r;
+    const int id = p.rows.sorted_ids[pos];
+    if (id >= p.rows.num_valid) return -1;
+    const int64_t arow = kGemm2 ? pos : id / p.rows.topk;
+    return arow * p.a_stride;
+  };
 
   if (wg == 0) {
     // ================================ producer ==============================================
-    int64_t aoff[4];
-    int rr[4], cc[4];
-#pragma unroll
-    for (int i = 0; i < 4; ++i) {
-      const int c = wtid + i * 128;  // 512 chunks of 16 B
-      rr[i] = c >> 3;
-      cc[i] = c & 7;
-      aoff[i] = s_aoff[rr[i]];
-    }
-    for (int kb = 0; kb < num_kb; ++kb) {
-      const int s = kb % kWgStages;
-      const uint32_t ph = (kb / kWgStages) & 1;
-      mbar_wait(&empty[s], ph ^ 1);
-      uint8_t* a_dst = smem + s * kWgStageBytes;
-      uint8_t* b_dst = a_dst + kWgAStage;
-      if (wtid == 0) {
-        mbar_arrive_expect_tx(&full[s], kWgBStage);
-        tma_load_2d(b_dst, &tm_w, &full[s], kb * 128, brow[0]);
-        tma_load_2d(b_dst + kWgBStage / 2, &tm_w, &full[s], kb * 128, brow[1]);
-      }
+    int it = 0;  // k-blocks issued so far (ring position)
+    for (int t = blockIdx.x; t < n_tiles; t += gridDim.x) {
+      const WgTile w = wg_tile(p, t, n_mblk);
+      if (!w.valid) continue;
+      int br[2];
+      brows(w, br);
+      int64_t aoff[4];
+      int rr[4], cc[4];
 #pragma unroll
       for (int i = 0; i < 4; ++i) {
-        const int r = rr[i], c = cc[i];
-        const bool ok = aoff[i] >= 0;
-        cp_async_16(a_dst + r * 128 + ((c ^ (r & 7)) << 4),
-                    p.a + (ok ? aoff[i] + kb * 128 + c * 16 : 0), ok ? 16 : 0);
+        const int c = wtid + i * 128;  // 512 chunks of 16 B per k-block
+        rr[i] = c >> 3;
+        cc[i] = c & 7;
+        aoff[i] = a_offset(w, rr[i]);
       }
-      asm volatile(
-          "cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];\n" ::"r"(smem_u32(&full[s]))
-          : "memory");
+      for (int kb = 0; kb < num_kb; ++kb, ++it) {
+        const int s = it % kWgStages;
+        const uint32_t ph = (it / kWgStages) & 1;
+        mbar_wait(&empty[s], ph ^ 1);
+        uint8_t* a_dst = smem + s * kWgStageBytes;
+        uint8_t* b_dst = a_dst + kWgAStage;
+        if (wtid == 0) {
+          mbar_arrive_expect_tx(&full[s], kWgBStage);
+          tma_load_2d(b_dst, &tm_w, &full[s], kb * 128, br[0]);
+          tma_load_2d(b_dst + kWgBStage / 2, &tm_w, &full[s], kb * 128, br[1]);
+        }
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+          const int r = rr[i], c = cc[i];
+          const bool ok = aoff[i] >= 0;
+          cp_async_16(a_dst + r * 128 + ((c ^ (r & 7)) << 4),
+                      p.a + (ok ? aoff[i] + kb * 128 + c * 16 : 0), ok ? 16 : 0);
+        }
+        asm volatile(
+            "cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];\n" ::"r"(smem_u32(&full[s]))
+            : "memory");
+      }
     }
     cp_async_wait<0>();
     return;
@@ -185,172 +212,223 @@ __global__ void __launch_bounds__(kWgThreads, 1)
   const int mw = wg - 1;  // 0: gate / first 128 columns, 1: up / next 128 columns
   const int warp = wtid / 32, lane = wtid % 32;
   const int r0 = warp * 16 + (lane >> 2);  // my rows: r0, r0 + 8
-  float total[64], part[64];
+  int it = 0;
+  for (int t = blockIdx.x; t < n_tiles; t += gridDim.x) {
+    const WgTile w = wg_tile(p, t, n_mblk);
+    if (!w.valid) continue;
+    const int e = w.e, nt = w.nt;
+    float total[64], part[64];
 #pragma unroll
-  for (int i = 0; i < 64; ++i) total[i] = 0.0f;
-  // activation-scale rows of my two rows
-  int64_t srow[2];
-#pragma unroll
-  for (int h = 0; h < 2; ++h) {
-    const int64_t off = s_aoff[r0 + h * 8];
-    srow[h] = off < 0 ? -1 : off / p.a_stride;
-  }
-  // the first weight row of this warpgroup inside the expert (for scales and bias)
-  const int n_base = kGemm2 ? nt * 256 + mw * 128 : (mw == 0 ? nt * 128 : p.I + nt * 128);
-  for (int kb = 0; kb < num_kb; ++kb) {
-    const int s = kb % kWgStages;
-    const uint32_t ph = (kb / kWgStages) & 1;
-    // scales of this k-block (loaded before waiting on the data)
-    float sa0 = 1.0f, sa1 = 1.0f, sw = 1.0f;
-    if (p.block) {
-      sa0 = srow[0] < 0 ? 0.0f : __ldg(p.a_scale + srow[0] * p.a_scale_stride + kb * 128 / p.gk);
-      sa1 = srow[1] < 0 ? 0.0f : __ldg(p.a_scale + srow[1] * p.a_scale_stride + kb * 128 / p.gk);
-      sw = wg_weight_scale(p.w, e, n_base, p.N, kb * 128);
-    }
-    mbar_wait(&full[s], ph);
-    const uint8_t* a_s = smem + s * kWgStageBytes;
-    const uint8_t* b_s = a_s + kWgAStage + mw * (kWgBStage / 2);
-    const uint64_t da = wg_desc(a_s), db = wg_desc(b_s);
-    wg_reg_fence(part);
-    wg_fence();
-#pragma unroll
-    for (int ks = 0; ks < 4; ++ks) wgmma_m64n128k32_e4m3(part, da + 2 * ks, db + 2 * ks, ks > 0);
-    wg_commit();
-    wg_wait0();
-    wg_reg_fence(part);
-    if (wtid == 0) mbar_arrive(&empty[s]);
-    if (p.block) {
-#pragma unroll
-      for (int j = 0; j < 16; ++j) {
-        total[4 * j + 0] += part[4 * j + 0] * sa0 * sw;
-        total[4 * j + 1] += part[4 * j + 1] * sa0 * sw;
-        total[4 * j + 2] += part[4 * j + 2] * sa1 * sw;
-        total[4 * j + 3] += part[4 * j + 3] * sa1 * sw;
-      }
-    } else {
-#pragma unroll
-      for (int i = 0; i < 64; ++i) total[i] += part[i];
-    }
-  }
-  // per-tensor / per-channel: scale at the end, (acc * s_a) * s_w
-  float sa_end[2] = {1.0f, 1.0f};
-  if (!p.block) {
+    for (int i = 0; i < 64; ++i) total[i] = 0.0f;
+    int64_t srow[2];
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
-      if (srow[h] < 0) {
-        sa_end[h] = 0.0f;
+      const int64_t off = a_offset(w, r0 + h * 8);
+      srow[h] = off < 0 ? -1 : off / p.a_stride;
+    }
+    const int n_base = kGemm2 ? nt * 256 + mw * 128 : (mw == 0 ? nt * 128 : p.I + nt * 128);
+    // scales of k-block kb (block schemes), fetched one k-block ahead
+    auto load_scales = [&](int kb, float& a0, float& a1, float& ww) {
+      a0 = srow[0] < 0 ? 0.0f : __ldg(p.a_scale + srow[0] * p.a_scale_stride + kb * 128 / p.gk);
+      a1 = srow[1] < 0 ? 0.0f : __ldg(p.a_scale + srow[1] * p.a_scale_stride + kb * 128 / p.gk);
+      ww = wg_weight_scale(p.w, e, n_base, p.N, kb * 128);
+    };
+    float sa0 = 1.0f, sa1 = 1.0f, sw = 1.0f;
+    if (p.block) load_scales(0, sa0, sa1, sw);
+    for (int kb = 0; kb < num_kb; ++kb, ++it) {
+      const int s = it % kWgStages;
+      const uint32_t ph = (it / kWgStages) & 1;
+      mbar_wait(&full[s], ph);
+      fence_proxy_async();  // the activation tile was written by cp.async (generic proxy)
+      const uint8_t* a_s = smem + s * kWgStageBytes;
+      const uint8_t* b_s = a_s + kWgAStage + mw * (kWgBStage / 2);
+      const uint64_t da = wg_desc(a_s), db = wg_desc(b_s);
+      wg_reg_fence(part);
+      wg_fence();
+      float na0 = 1.0f, na1 = 1.0f, nw = 1.0f;
+      if constexpr (kK32) {
+        if (p.block && kb + 1 < num_kb) load_scales(kb + 1, na0, na1, nw);
+#pragma unroll
+        for (int ks = 0; ks < 4; ++ks) {
+          wg_reg_fence(part);
+          wg_fence();
+          wgmma_m64n128k32_e4m3(part, da + 2 * ks, db + 2 * ks, 0);
+          wg_commit();
+          wg_wait0();
+          wg_reg_fence(part);
+          if (p.block) {
+#pragma unroll
+            for (int j = 0; j < 16; ++j) {
+              total[4 * j + 0] += part[4 * j + 0] * sa0 * sw;
+              total[4 * j + 1] += part[4 * j + 1] * sa0 * sw;
+              total[4 * j + 2] += part[4 * j + 2] * sa1 * sw;
+              total[4 * j + 3] += part[4 * j + 3] * sa1 * sw;
+            }
+          } else {
+#pragma unroll
+            for (int i = 0; i < 64; ++i) total[i] += part[i];
+          }
+        }
+        if (wtid == 0) mbar_arrive(&empty[s]);
+        sa0 = na0;
+        sa1 = na1;
+        sw = nw;
       } else {
-        sa_end[h] = p.a_scale_kind == static_cast<int>(AScale::kTensor)
-                        ? __ldg(p.a_scale)
-                        : __ldg(p.a_scale + srow[h]);
+#pragma unroll
+        for (int ks = 0; ks < 4; ++ks)
+          wgmma_m64n128k32_e4m3(part, da + 2 * ks, db + 2 * ks, ks > 0);
+        wg_commit();
+        if (p.block && kb + 1 < num_kb) load_scales(kb + 1, na0, na1, nw);
+        wg_wait0();
+        wg_reg_fence(part);
+        if (wtid == 0) mbar_arrive(&empty[s]);
+        if (p.block) {
+#pragma unroll
+          for (int j = 0; j < 16; ++j) {
+            total[4 * j + 0] += part[4 * j + 0] * sa0 * sw;
+            total[4 * j + 1] += part[4 * j + 1] * sa0 * sw;
+            total[4 * j + 2] += part[4 * j + 2] * sa1 * sw;
+            total[4 * j + 3] += part[4 * j + 3] * sa1 * sw;
+          }
+          sa0 = na0;
+          sa1 = na1;
+          sw = nw;
+        } else {
+#pragma unroll
+          for (int i = 0; i < 64; ++i) total[i] += part[i];
+        }
       }
     }
-  }
-  // value of element (row r0 + 8h, column n_base + 8j + 2(lane%4) + c) after scaling and bias
-  auto value = [&](int j, int h, int c) {
-    const int n = n_base + 8 * j + 2 * (lane & 3) + c;
-    if (n >= p.N) return 0.0f;  // GEMM2 tile past H (H % 256 == 128)
-    float v = total[4 * j + 2 * h + c];
-    if (!p.block) v = v * sa_end[h] * wg_weight_scale(p.w, e, n, p.N, 0);
-    if (p.w.bias) {
-      const int64_t bi = int64_t(e) * p.N + n;
-      v += p.w.bias_bf16 ? bf16_bits_to_float(static_cast<const uint16_t*>(p.w.bias)[bi])
-                         : static_cast<const float*>(p.w.bias)[bi];
+    // per-tensor / per-channel: scale at the end, (acc * s_a) * s_w
+    float sa_end[2] = {1.0f, 1.0f};
+    if (!p.block) {
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        if (srow[h] < 0) {
+          sa_end[h] = 0.0f;
+        } else {
+          sa_end[h] = p.a_scale_kind == static_cast<int>(AScale::kTensor)
+                          ? __ldg(p.a_scale)
+                          : __ldg(p.a_scale + srow[h]);
+        }
+      }
     }
-    return v;
-  };
+    auto value = [&](int j, int h, int c) {
+      const int n = n_base + 8 * j + 2 * (lane & 3) + c;
+      if (n >= p.N) return 0.0f;  // GEMM2 tile past H (H % 256 == 128)
+      float v = total[4 * j + 2 * h + c];
+      if (!p.block) v = v * sa_end[h] * wg_weight_scale(p.w, e, n, p.N, 0);
+      if (p.w.bias) {
+        const int64_t bi = int64_t(e) * p.N + n;
+        v += p.w.bias_bf16 ? bf16_bits_to_float(static_cast<const uint16_t*>(p.w.bias)[bi])
+                           : static_cast<const float*>(p.w.bias)[bi];
+      }
+      return v;
+    };
 
-  if (!kGemm2) {
-    // ---- GEMM1 epilogue: y1 rounded to bf16; up -> shared memory; gate warpgroup computes h and
-    //      quantises it straight into GEMM2's input ----
-    if (mw == 1) {
+    if (!kGemm2) {
+      // ---- GEMM1 epilogue: y1 rounded to bf16; up -> shared memory; the gate warpgroup computes
+      //      h and quantises it straight into GEMM2's input ----
+      named_sync(1, 256);  // the previous tile's readers of `epi` are done
+      if (mw == 1) {
+#pragma unroll
+        for (int j = 0; j < 16; ++j)
+#pragma unroll
+          for (int h = 0; h < 2; ++h)
+#pragma unroll
+            for (int c = 0; c < 2; ++c)
+              epi[(r0 + 8 * h) * kWgBNw + 8 * j + 2 * (lane & 3) + c] =
+                  round_act(p.ap, value(j, h, c));
+      }
+      named_sync(1, 256);
+      if (mw == 1) continue;
+      float hv[64];
 #pragma unroll
       for (int j = 0; j < 16; ++j)
 #pragma unroll
         for (int h = 0; h < 2; ++h)
 #pragma unroll
-          for (int c = 0; c < 2; ++c)
-            epi[(r0 + 8 * h) * kWgBNw + 8 * j + 2 * (lane & 3) + c] =
-                round_act(p.ap, value(j, h, c));
-    }
-    named_sync(1, 256);
-    if (mw == 1) return;
-    float hv[64];
-#pragma unroll
-    for (int j = 0; j < 16; ++j)
-#pragma unroll
-      for (int h = 0; h < 2; ++h)
-#pragma unroll
-        for (int c = 0; c < 2; ++c) {
-          const float g = round_act(p.ap, value(j, h, c));
-          const float u = epi[(r0 + 8 * h) * kWgBNw + 8 * j + 2 * (lane & 3) + c];
-          float v = act_gated(p.ap, g, u);
-          if (!p.ap.fp32_silu) v = round_act(p.ap, v);
-          hv[4 * j + 2 * h + c] = v;
-        }
-    const int hcol0 = nt * 128;
-#pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      const int row = s_row[r0 + 8 * h];  // sorted position (all 4 lanes of a quad share it)
-      float sc[4];                        // up to 4 groups of 32 columns
-      if (p.aq2 == static_cast<int>(AQuant::kGroupDynamic)) {
-        const int jpg = p.gk / 8;  // j-chunks (8 columns) per group
-        for (int g = 0; g < 128 / p.gk; ++g) {
-          float amax = 0.0f;
-#pragma unroll
-          for (int j = 0; j < 16; ++j)
-            if (j / jpg == g)
-              amax = fmaxf(amax, fmaxf(fabsf(hv[4 * j + 2 * h]), fabsf(hv[4 * j + 2 * h + 1])));
-          amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, 1));
-          amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, 2));
-          sc[g] = group_scale(amax, p.ue8m0 != 0, p.min_scale2);
-        }
-        if (row >= 0 && (lane & 3) == 0)
-          for (int g = 0; g < 128 / p.gk; ++g)
-            p.sh[int64_t(row) * p.sh_stride + hcol0 / p.gk + g] = sc[g];
-      }
-      if (row < 0) continue;
-      uint8_t* qrow = p.qh + int64_t(row) * p.I + hcol0;
-#pragma unroll
-      for (int j = 0; j < 16; ++j) {
-        const float a = hv[4 * j + 2 * h], b = hv[4 * j + 2 * h + 1];
-        uint16_t q2;
-        if (p.aq2 == static_cast<int>(AQuant::kGroupDynamic)) {
-          const float s = sc[(8 * j) / p.gk];
-          q2 = float2_to_e4m3x2(a / s, b / s);
-        } else {
-          const float inv = 1.0f / p.a2_scale[0];
-          q2 = float2_to_e4m3x2(a * inv, b * inv);
-        }
-        *reinterpret_cast<uint16_t*>(qrow + 8 * j + 2 * (lane & 3)) = q2;
-      }
-    }
-  } else {
-    // ---- GEMM2 epilogue: bias, router weight, bf16, staged in shared memory, 16-byte stores ----
-    uint16_t* stage = reinterpret_cast<uint16_t*>(epi) + mw * (kWgBM * kWgBNw);
-    float rw[2];
-#pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      const int row = s_row[r0 + 8 * h];
-      rw[h] = (p.topk_w && row >= 0) ? p.topk_w[row] : 1.0f;
-    }
-#pragma unroll
-    for (int j = 0; j < 16; ++j)
+          for (int c = 0; c < 2; ++c) {
+            const float g = round_act(p.ap, value(j, h, c));
+            const float u = epi[(r0 + 8 * h) * kWgBNw + 8 * j + 2 * (lane & 3) + c];
+            float v = act_gated(p.ap, g, u);
+            if (!p.ap.fp32_silu) v = round_act(p.ap, v);
+            hv[4 * j + 2 * h + c] = v;
+          }
+      const int hcol0 = nt * 128;
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
-        const float a = value(j, h, 0) * rw[h], b = value(j, h, 1) * rw[h];
-        *reinterpret_cast<uint32_t*>(stage + (r0 + 8 * h) * kWgBNw + 8 * j + 2 * (lane & 3)) =
-            uint32_t(float_to_bf16_bits(a)) | (uint32_t(float_to_bf16_bits(b)) << 16);
+        const int pos = w.m_blk * kWgBM + r0 + 8 * h;
+        const int row = srow[h] < 0 ? -1 : pos;  // sorted position
+        float sc[4] = {1.0f, 1.0f, 1.0f, 1.0f};  // up to 4 groups of 32 columns
+        if (p.aq2 == static_cast<int>(AQuant::kGroupDynamic)) {
+          const int jpg = p.gk / 8;  // j-chunks (8 columns) per group
+          for (int g = 0; g < 128 / p.gk; ++g) {
+            float amax = 0.0f;
+#pragma unroll
+            for (int j = 0; j < 16; ++j)
+              if (j / jpg == g)
+                amax = fmaxf(amax, fmaxf(fabsf(hv[4 * j + 2 * h]), fabsf(hv[4 * j + 2 * h + 1])));
+            amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, 1));
+            amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, 2));
+            sc[g] = group_scale(amax, p.ue8m0 != 0, p.min_scale2);
+          }
+          if (row >= 0 && (lane & 3) == 0)
+            for (int g = 0; g < 128 / p.gk; ++g)
+              p.sh[int64_t(row) * p.sh_stride + hcol0 / p.gk + g] = sc[g];
+        }
+        if (row < 0) continue;
+        uint8_t* qrow = p.qh + int64_t(row) * p.I + hcol0;
+        const float inv2 =
+            p.aq2 == static_cast<int>(AQuant::kGroupDynamic) ? 1.0f : 1.0f / p.a2_scale[0];
+#pragma unroll
+        for (int j = 0; j < 16; ++j) {
+          const float a = hv[4 * j + 2 * h], b = hv[4 * j + 2 * h + 1];
+          uint16_t q2;
+          if (p.aq2 == static_cast<int>(AQuant::kGroupDynamic)) {
+            const float s = sc[(8 * j) / p.gk];
+            q2 = float2_to_e4m3x2(a / s, b / s);
+          } else {
+            q2 = float2_to_e4m3x2(a * inv2, b * inv2);
+          }
+          *reinterpret_cast<uint16_t*>(qrow + 8 * j + 2 * (lane & 3)) = q2;
+        }
       }
-    named_sync(2 + mw, 128);
-    // 64 rows x 256 bytes: 16 lanes per row, 2 rows per warp-iteration
-    const int col0 = nt * 256 + mw * 128;
-    for (int i = wtid; i < kWgBM * 16; i += 128) {
-      const int r = i / 16, c = i % 16;
-      const int row = s_row[r];
-      if (row < 0 || col0 + c * 8 >= p.N) continue;
-      *reinterpret_cast<uint4*>(p.y2 + int64_t(row) * p.N + col0 + c * 8) =
-          *reinterpret_cast<const uint4*>(stage + r * kWgBNw + c * 8);
+    } else {
+      // ---- GEMM2 epilogue: bias, router weight, bf16, staged in shared memory, 16-byte stores
+      // ----
+      uint16_t* stage = reinterpret_cast<uint16_t*>(epi) + mw * (kWgBM * kWgBNw);
+      named_sync(2 + mw, 128);  // the previous tile's stores from `stage` are done
+      if (wtid < kWgBM) {
+        const int pos = w.m_blk * kWgBM + wtid;
+        const int id = p.rows.sorted_ids[pos];
+        s_row[mw][wtid] = id < p.rows.num_valid ? id : -1;
+      }
+      float rw[2];
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const int pos = w.m_blk * kWgBM + r0 + 8 * h;
+        const int id = p.rows.sorted_ids[pos];
+        rw[h] = (p.topk_w && id < p.rows.num_valid) ? p.topk_w[id] : 1.0f;
+      }
+#pragma unroll
+      for (int j = 0; j < 16; ++j)
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          const float a = value(j, h, 0) * rw[h], b = value(j, h, 1) * rw[h];
+          *reinterpret_cast<uint32_t*>(stage + (r0 + 8 * h) * kWgBNw + 8 * j + 2 * (lane & 3)) =
+              uint32_t(float_to_bf16_bits(a)) | (uint32_t(float_to_bf16_bits(b)) << 16);
+        }
+      named_sync(2 + mw, 128);
+      // 64 rows x 256 bytes: 16 lanes per row, 2 rows per warp-iteration
+      const int col0 = nt * 256 + mw * 128;
+      for (int i = wtid; i < kWgBM * 16; i += 128) {
+        const int r = i / 16, c = i % 16;
+        const int row = s_row[mw][r];
+        if (row < 0 || col0 + c * 8 >= p.N) continue;
+        *reinterpret_cast<uint4*>(p.y2 + int64_t(row) * p.N + col0 + c * 8) =
+            *reinterpret_cast<const uint4*>(stage + r * kWgBNw + c * 8);
+      }
     }
   }
 }

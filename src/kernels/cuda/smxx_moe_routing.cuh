@@ -13,7 +13,6 @@
 namespace fp8moe::cuda {
 
 constexpr int kRouteMaxExperts = 1024;
-constexpr int kRoutePerLane = kRouteMaxExperts / 32;
 
 // a (index ia) ranks above b (index ib): larger key, ties to the lower index, NaN lowest; ib ==
 // INT_MAX means "no candidate yet".
@@ -44,56 +43,58 @@ __device__ __forceinline__ float route_load(const void* p, bool bf16, int64_t i)
               : static_cast<const float*>(p)[i];
 }
 
-// Device routine: the calling warp routes token `t`. `sbuf` is per-warp shared scratch of at least
-// E + 32 floats (grouped top-k only). Lane j < topk writes slot j to out_ids[j], out_w[j].
-__device__ inline void route_token_warp(const RoutingParams& rp, int t, int E, int topk,
-                                        float* sbuf, int32_t* out_ids, float* out_w) {
+// Device routine: the calling warp routes token `t`; lane l owns experts l + 32 i, i < kPerLane
+// (E <= 32 kPerLane). `sbuf` is per-warp shared scratch of at least E + 32 floats (grouped top-k
+// only). Lane j < topk writes slot j to out_ids[j], out_w[j].
+template <int kPerLane>
+__device__ inline void route_token_warp_t(const RoutingParams& rp, int t, int E, int topk,
+                                          float* sbuf, int32_t* out_ids, float* out_w) {
   const int lane = threadIdx.x & 31;
   const RouteScore sk = static_cast<RouteScore>(rp.score);
-  float logit[kRoutePerLane];
-  float score[kRoutePerLane];  // unbiased scores (the logits for kLogits)
-  float key[kRoutePerLane];    // selection key
+  float logit[kPerLane];
+  float score[kPerLane];  // unbiased scores (the logits for kLogits)
+  float key[kPerLane];    // selection key
 #pragma unroll
-  for (int i = 0; i < kRoutePerLane; ++i) {
+  for (int i = 0; i < kPerLane; ++i) {
     const int e = lane + 32 * i;
     logit[i] = e < E ? route_load(rp.logits, rp.logits_bf16, int64_t(t) * E + e) : 0.0f;
   }
   if (sk == RouteScore::kSoftmax) {
     float mx = -INFINITY;
 #pragma unroll
-    for (int i = 0; i < kRoutePerLane; ++i)
+    for (int i = 0; i < kPerLane; ++i)
       if (lane + 32 * i < E) mx = fmaxf(mx, logit[i]);
     mx = warp_max(mx);
     float sum = 0.0f;
 #pragma unroll
-    for (int i = 0; i < kRoutePerLane; ++i) {
+    for (int i = 0; i < kPerLane; ++i) {
       const float v = lane + 32 * i < E ? expf(logit[i] - mx) : 0.0f;
       score[i] = v;
       sum += v;
     }
     sum = warp_sum(sum);
 #pragma unroll
-    for (int i = 0; i < kRoutePerLane; ++i) score[i] = score[i] / sum;
+    for (int i = 0; i < kPerLane; ++i) score[i] = score[i] / sum;
   } else if (sk == RouteScore::kSigmoid) {
 #pragma unroll
-    for (int i = 0; i < kRoutePerLane; ++i) score[i] = 1.0f / (1.0f + expf(-logit[i]));
+    for (int i = 0; i < kPerLane; ++i) score[i] = 1.0f / (1.0f + expf(-logit[i]));
   } else if (sk == RouteScore::kSqrtSoftplus) {
 #pragma unroll
-    for (int i = 0; i < kRoutePerLane; ++i) {
+    for (int i = 0; i < kPerLane; ++i) {
       const float l = logit[i];
       score[i] = sqrtf(l > 20.0f ? l : log1pf(expf(l)));
     }
   } else {
 #pragma unroll
-    for (int i = 0; i < kRoutePerLane; ++i) score[i] = logit[i];
+    for (int i = 0; i < kPerLane; ++i) score[i] = logit[i];
   }
   if (sk != RouteScore::kLogits) {
 #pragma unroll
-    for (int i = 0; i < kRoutePerLane; ++i)
+    for (int i = 0; i < kPerLane; ++i)
       if (!isfinite(score[i])) score[i] = 0.0f;
   }
 #pragma unroll
-  for (int i = 0; i < kRoutePerLane; ++i) {
+  for (int i = 0; i < kPerLane; ++i) {
     const int e = lane + 32 * i;
     key[i] = score[i];
     if (rp.bias && e < E) key[i] = score[i] + route_load(rp.bias, rp.bias_bf16, e);
@@ -107,7 +108,7 @@ __device__ inline void route_token_warp(const RoutingParams& rp, int t, int E, i
     float* s_key = sbuf;        // E floats
     float* s_group = sbuf + E;  // G floats (G <= 32 in practice; guarded below)
 #pragma unroll
-    for (int i = 0; i < kRoutePerLane; ++i) {
+    for (int i = 0; i < kPerLane; ++i) {
       const int e = lane + 32 * i;
       if (e < E) s_key[e] = key[i];
     }
@@ -156,7 +157,7 @@ __device__ inline void route_token_warp(const RoutingParams& rp, int t, int E, i
       if (bi < 32) chosen_lo |= 1u << bi;
     }
 #pragma unroll
-    for (int i = 0; i < kRoutePerLane; ++i) {
+    for (int i = 0; i < kPerLane; ++i) {
       const int e = lane + 32 * i;
       const int g = e / per;
       if (e < E && !(g < 32 && ((chosen_lo >> g) & 1u))) taken |= 1u << i;
@@ -173,7 +174,7 @@ __device__ inline void route_token_warp(const RoutingParams& rp, int t, int E, i
     int bi = 0x7fffffff;
     float bpay = 0.0f;
 #pragma unroll
-    for (int i = 0; i < kRoutePerLane; ++i) {
+    for (int i = 0; i < kPerLane; ++i) {
       const int e = lane + 32 * i;
       if (e < E && !((taken >> i) & 1u) && route_better(key[i], e, bv, bi)) {
         bv = key[i];
@@ -187,7 +188,7 @@ __device__ inline void route_token_warp(const RoutingParams& rp, int t, int E, i
     // fetch the score and logit of the winner from its owner lane
     float s_w = 0.0f, s_l = 0.0f;
 #pragma unroll
-    for (int i = 0; i < kRoutePerLane; ++i) {
+    for (int i = 0; i < kPerLane; ++i) {
       if (i == slot) {
         s_w = score[i];
         s_l = logit[i];
@@ -232,6 +233,23 @@ __device__ inline void route_token_warp(const RoutingParams& rp, int t, int E, i
     out_ids[lane] = my_id;
     out_w[lane] = my_w;
   }
+}
+
+// Dispatch on the experts per lane (registers scale with it).
+__device__ __forceinline__ void route_token_warp(const RoutingParams& rp, int t, int E, int topk,
+                                                 float* sbuf, int32_t* out_ids, float* out_w) {
+  if (E <= 32)
+    route_token_warp_t<1>(rp, t, E, topk, sbuf, out_ids, out_w);
+  else if (E <= 64)
+    route_token_warp_t<2>(rp, t, E, topk, sbuf, out_ids, out_w);
+  else if (E <= 128)
+    route_token_warp_t<4>(rp, t, E, topk, sbuf, out_ids, out_w);
+  else if (E <= 256)
+    route_token_warp_t<8>(rp, t, E, topk, sbuf, out_ids, out_w);
+  else if (E <= 512)
+    route_token_warp_t<16>(rp, t, E, topk, sbuf, out_ids, out_w);
+  else
+    route_token_warp_t<32>(rp, t, E, topk, sbuf, out_ids, out_w);
 }
 
 template <int kWarps>
