@@ -138,6 +138,10 @@ struct MoeConfig {
   std::optional<double> activation_situ_beta{};
   std::optional<double> activation_situ_linear_beta{};
   int max_capture_size = 0;
+  // Set by post_init_for_platform (oracle.hpp) when is_act_and_mul: AITER's fused MoE is enabled
+  // (rocm_aiter_ops.is_fused_moe_enabled()); the shared-experts fusion is never enabled in fp8moe.
+  bool rocm_aiter_fmoe_enabled = false;
+  bool aiter_fmoe_shared_expert_enabled = false;
   int intermediate_size_per_partition = -1;  // set by post_init(): intermediate_size / tp_size
   bool tp_shard_with_padding = false;        // set by pad_tp_shard_to_weight_blocks()
 
@@ -154,6 +158,21 @@ struct MoeConfig {
   int sp_size() const { return moe_parallel_config.sp_size; }
   int tp_rank() const { return moe_parallel_config.tp_rank; }
   int ep_rank() const { return moe_parallel_config.ep_rank; }
+  int dp_rank() const { return moe_parallel_config.dp_rank; }
+  int pcp_rank() const { return moe_parallel_config.pcp_rank; }
+  bool is_sequence_parallel() const { return moe_parallel_config.is_sequence_parallel(); }
+  bool use_all2all_kernels() const { return moe_parallel_config.use_all2all_kernels(); }
+  bool use_deepep_ht_kernels() const { return moe_parallel_config.use_deepep_ht_kernels(); }
+  bool use_deepep_ll_kernels() const { return moe_parallel_config.use_deepep_ll_kernels(); }
+  bool use_fi_nvl_two_sided_kernels() const {
+    return moe_parallel_config.use_fi_nvl_two_sided_kernels();
+  }
+  bool use_fi_nvl_one_sided_kernels() const {
+    return moe_parallel_config.use_fi_nvl_one_sided_kernels();
+  }
+  bool use_mori_kernels() const { return moe_parallel_config.use_mori_kernels(); }
+  bool use_nixl_ep_kernels() const { return moe_parallel_config.use_nixl_ep_kernels(); }
+  bool use_deepep_v2_kernels() const { return moe_parallel_config.use_deepep_v2_kernels(); }
   bool use_ep() const { return moe_parallel_config.use_ep; }
   DType logits_dtype() const { return router_logits_dtype.value_or(in_dtype); }
 };

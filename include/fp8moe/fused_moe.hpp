@@ -1,26 +1,41 @@
 // The fused MoE call: what every experts kernel (the float64 reference, the CPU kernels, the CUDA
 // kernels) computes, described once. A kernel receives FusedMoeArgs and writes `out`.
 //
-//   route (or take topk ids/weights) -> quantise x -> GEMM1 (w13) -> activation -> quantise ->
-//   GEMM2 (w2)
-//   -> multiply by the router weight -> sum over the top-k slots
+//   route (or take topk ids/weights) -> quantise x -> GEMM1 (w13) -> activation -> quantise
+//   -> GEMM2 (w2) -> multiply by the router weight -> sum over the top-k slots
 //
-// Layouts (vLLM's canonical layout, before any backend-specific conversion):
-//   x              (M, H)              bf16 or f32
-//   router_logits  (M, E_global)       f32 or bf16
-//   topk_ids       (M, topk)           i32   global expert ids; -1 = padded slot (contributes
-//   nothing) topk_weights   (M, topk)           f32 w13            (E_local, 2I, H)    fp8   rows
-//   [0, I) gate, [I, 2I) up; (E_local, I, H) when not gated w2             (E_local, H, I)     fp8
-//   w13_scale      block:  (E_local, ceil(2I/bn), ceil(H/bk)) f32   (bn must divide I when gated)
-//                  tensor: (E_local) or (E_local, 2) f32 (one per shard) ; channel: (E_local, 2I)
-//                  f32 mx:     (E_local, 2I, H/32) u8/e8m0
-//   w2_scale       block:  (E_local, ceil(H/bn), ceil(I/bk)) ; tensor: (E_local) ; channel:
-//   (E_local, H)
-//                  mx:     (E_local, H, I/32)
-//   w13_bias       (E_local, 2I) f32/bf16, optional ; w2_bias (E_local, H), optional
-//   a13_scale      static per-tensor input scale of GEMM1: (1) f32 ; a2_scale likewise for GEMM2
-//   expert_map     (E_global) i32: global -> local index, -1 for experts on other ranks; absent =
-//   identity out            (M, H)              bf16 or f32 (same dtype as x)
+// Layouts (vLLM's canonical layout, before any backend-specific conversion). Standard format:
+//   x              (M, H) bf16 or f32
+//   router_logits  (M, E_global) f32 or bf16
+//   topk_ids       (M, topk) i32: global expert ids; -1 = padded slot (contributes nothing)
+//   topk_weights   (M, topk) f32
+//   w13            (E_local, 2I, H) fp8: rows [0, I) gate, [I, 2I) up;
+//                  (E_local, I, H) when the activation is not gated
+//   w2             (E_local, H, I) fp8
+//   w13_scale      block:   (E_local, ceil(2I/bn), ceil(H/bk)) f32 (bn must divide I when gated)
+//                  tensor:  (E_local) or (E_local, 2) f32 (one per gate/up shard)
+//                  channel: (E_local, 2I) f32
+//                  mx:      (E_local, 2I, H/32) u8/e8m0
+//   w2_scale       block: (E_local, ceil(H/bn), ceil(I/bk)); tensor: (E_local);
+//                  channel: (E_local, H); mx: (E_local, H, I/32)
+//   w13_bias       (E_local, 2I) f32/bf16, optional; w2_bias (E_local, H), optional
+//   a13_scale      static per-tensor input scale of GEMM1: (1) f32; a2_scale likewise for GEMM2
+//   expert_map     (E_global) i32: global -> local index, -1 for experts on other ranks;
+//                  absent = identity
+//   out            (M, H): dtype of x; or f32 with bf16 x, a partial output for an EP/TP
+//                  reduction (the compute still rounds to bf16 where vLLM does; only the final
+//                  top-k sum stays f32). Kernels that cannot do this leave
+//                  ExpertsImpl::f32_partial_out false and reject it.
+//
+// Batched (masked) format (BATCHED_TRITON / BATCHED_DEEPGEMM, expert parallel), when
+// expert_num_tokens is defined:
+//   x                  (E_local, max_m, H): rows [0, expert_num_tokens[e]) of slab e are tokens
+//                      already dispatched to local expert e (no routing inside)
+//   expert_num_tokens  (E_local) i32, each in [0, max_m]
+//   out                (E_local, max_m, H): per row y2 = GEMM2(act(GEMM1(x))) + bias, rounded to
+//                      out's dtype, WITHOUT the router weight (the combine step applies it);
+//                      rows past expert_num_tokens[e] are left untouched
+//   router_logits, topk_ids, topk_weights and expert_map are absent in this format.
 #pragma once
 
 #include <cstddef>
@@ -142,6 +157,8 @@ struct Support {
 struct ExpertsImpl {
   const char* name = "";  // "ref", "cpu_w8a16", "cpu_w8a8", "cuda_fused", ...
   DeviceKind device = DeviceKind::kCpu;
+  // Accepts f32 `out` with bf16 `x` (partial outputs for EP/TP reductions, see the layout comment).
+  bool f32_partial_out = false;
   // What this implementation can honour beyond the vLLM contract (activation, clamp/alpha/beta,
   // bias, schemes, sizes). Checked at selection on a detected platform so that a kernel that cannot
   // honour a requested feature is rejected there, never silently wrong. nullptr: everything the

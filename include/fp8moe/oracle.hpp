@@ -96,6 +96,10 @@ std::string python_list_repr(const std::vector<std::string>& items);
 // The layer-level check vLLM makes before the oracle runs: a non-gated activation (is_act_and_mul
 // False) is supported only on CUDA-alike platforms and XPU (oracle.md §3.2). NotImplementedError.
 void check_moe_config_for_platform(const MoeConfig& config, const Platform& platform);
+// The platform-dependent part of FusedMoEConfig.__post_init__, for a config whose post_init() ran:
+// check_moe_config_for_platform, then rocm_aiter_fmoe_enabled = is_act_and_mul and AITER's fused
+// MoE is enabled (ROCm CDNA3+, aiter installed, VLLM_ROCM_USE_AITER and VLLM_ROCM_USE_AITER_MOE).
+void post_init_for_platform(MoeConfig& config, const Platform& platform, const OracleEnv& env);
 
 // ---- Block shape (TP sharding of block-quantised weights)
 // ----------------------------------------

@@ -3,6 +3,7 @@
 // GEMM1's activation. make_fp8_moe_quant_config (oracle.hpp) builds one per backend.
 #pragma once
 
+#include <array>
 #include <optional>
 #include <string>
 #include <vector>
@@ -71,6 +72,27 @@ struct MoeQuantConfig {
     return !a1.dtype && w1.dtype == platform_fp8;
   }
   bool use_mxfp8() const { return a1.dtype == QuantDType::kMxfp8; }
+  bool use_int8_w8a8() const { return a1.dtype == QuantDType::kInt8; }
+  bool use_int8_w8a16() const { return !a1.dtype && w1.dtype == QuantDType::kInt8; }
+  bool use_int4_w4a16() const { return !a1.dtype && w1.dtype == QuantDType::kInt4; }
+  bool use_nvfp4_w4a4() const { return a1.dtype == QuantDType::kNvfp4; }
+  bool use_mxfp4_w4a4() const {
+    return a1.dtype == QuantDType::kMxfp4 && w1.dtype == QuantDType::kMxfp4;
+  }
+  bool use_mxfp4_w4a16() const { return !a1.dtype && w1.dtype == QuantDType::kMxfp4; }
+  const Tensor& w1_zp() const { return w1.zp; }
+  const Tensor& w2_zp() const { return w2.zp; }
+  bool is_quantized() const { return a1.dtype.has_value(); }
+  bool is_block_quantized() const { return block_shape().has_value(); }
+  // Activation-scale shape for max_tokens rows of hidden_dim: block (T, ceil(hidden / block_k)),
+  // per-token (T, 1), otherwise (1, 1); None when the activations are not quantised.
+  std::optional<std::array<int64_t, 2>> scale_shape(int64_t max_tokens, int64_t hidden_dim) const {
+    if (!is_quantized()) return std::nullopt;
+    if (auto b = block_shape())
+      return std::array<int64_t, 2>{max_tokens, (hidden_dim + (*b)[1] - 1) / (*b)[1]};
+    if (per_act_token_quant()) return std::array<int64_t, 2>{max_tokens, 1};
+    return std::array<int64_t, 2>{1, 1};
+  }
   // "fp8_w8a8", "fp8_w8a16", ... or "" (None) as vLLM's config_name(dtype).
   std::string config_name(DType act_dtype) const;
   // Python-like repr for the CLI and traces (tensors printed as shape/dtype).

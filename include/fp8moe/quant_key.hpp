@@ -67,12 +67,14 @@ using OptQuantKey = std::optional<QuantKey>;
 std::string key_str(const OptQuantKey& k);
 
 // The platform's FP8 dtype: e4m3fn everywhere except MI300/MI325 (gfx94x), where it is e4m3fnuz.
-// Named keys below are built for e4m3fn; use fp8_keys(fnuz) for the platform-specific set.
+// Named keys below are built for e4m3fn; with_fp8_dtype(key, platform.fp8_dtype()) (experts.hpp)
+// gives the platform's flavour, as vLLM builds them with FP8_DTYPE = current_platform.fp8_dtype().
 QuantKey create_fp8_quant_key(bool is_static, GroupShape group_shape, bool symmetric = true,
                               KeyDType scale_dtype = KeyDType::kF32,
                               KeyDType fp8_dtype = KeyDType::kF8E4M3FN);
 
-// Named keys (vLLM constants), e4m3fn flavour.
+// Named keys (vLLM constants), e4m3fn flavour. Constant-initialised, so safe to copy during static
+// initialisation of other translation units.
 extern const QuantKey kFp8StaticTensorSym;
 extern const QuantKey kFp8DynamicTensorSym;
 extern const QuantKey kFp8StaticTokenSym;

@@ -42,7 +42,13 @@ std::string opt_dtype(std::optional<QuantDType> d) {
   return d ? std::string(quant_dtype_name(*d)) : std::string("None");
 }
 std::string opt_shape(const std::optional<GroupShape>& s) { return s ? s->str() : "None"; }
-std::string opt_float(std::optional<double> v) { return v ? fmt::format("{}", *v) : "None"; }
+// Python's repr of a float: shortest round-trip digits, ".0" for integral values.
+std::string opt_float(std::optional<double> v) {
+  if (!v) return "None";
+  std::string s = fmt::format("{}", *v);
+  if (s.find_first_of(".eEn") == std::string::npos) s += ".0";
+  return s;
+}
 std::string desc_str(const MoeQuantDesc& d) {
   return fmt::format(
       "FusedMoEQuantDesc(dtype={}, shape={}, scale={}, alpha_or_gscale={}, zp={}, bias={})",

@@ -66,39 +66,49 @@ QuantKey create_fp8_quant_key(bool is_static, GroupShape group_shape, bool symme
 
 namespace {
 constexpr KeyDType kFp8 = KeyDType::kF8E4M3FN;
-QuantKey key(KeyDType dt, KeyDType sdt, bool st, GroupShape g, bool sym = true) {
+constexpr QuantKey key(KeyDType dt, KeyDType sdt, bool st, GroupShape g, bool sym = true) {
   return QuantKey{dt, ScaleDesc{sdt, st, g}, std::nullopt, sym};
 }
-const ScaleDesc kStaticTensorScale{KeyDType::kF32, true, kPerTensor};
+constexpr ScaleDesc kStaticTensorScale{KeyDType::kF32, true, kPerTensor};
 }  // namespace
 
-const QuantKey kFp8StaticTensorSym = key(kFp8, KeyDType::kF32, true, kPerTensor);
-const QuantKey kFp8DynamicTensorSym = key(kFp8, KeyDType::kF32, false, kPerTensor);
-const QuantKey kFp8StaticTokenSym = key(kFp8, KeyDType::kF32, true, kPerToken);
-const QuantKey kFp8StaticChannelSym = key(kFp8, KeyDType::kF32, true, kPerChannel);
-const QuantKey kFp8DynamicTokenSym = key(kFp8, KeyDType::kF32, false, kPerToken);
-const QuantKey kFp8Dynamic128Sym = key(kFp8, KeyDType::kF32, false, GroupShape(1, 128));
-const QuantKey kFp8Static128BlockSym = key(kFp8, KeyDType::kF32, true, GroupShape(128, 128));
-const QuantKey kFp8Dynamic64Sym = key(kFp8, KeyDType::kF32, false, GroupShape(1, 64));
-const QuantKey kMxfp8Static = key(kFp8, KeyDType::kU8, true, GroupShape(1, 32));
-const QuantKey kMxfp8Dynamic = key(kFp8, KeyDType::kU8, false, GroupShape(1, 32));
-const QuantKey kMxfp4Static = key(KeyDType::kU8, KeyDType::kU8, true, GroupShape(1, 32));
-const QuantKey kMxfp4Dynamic = key(KeyDType::kU8, KeyDType::kU8, false, GroupShape(1, 32));
-const QuantKey kNvfp4Static{KeyDType::kU8, ScaleDesc{kFp8, true, GroupShape(1, 16)},
-                            kStaticTensorScale, true};
-const QuantKey kNvfp4Dynamic{KeyDType::kU8, ScaleDesc{kFp8, false, GroupShape(1, 16)},
-                             kStaticTensorScale, true};
-const QuantKey kInt8StaticChannelSym = key(KeyDType::kI8, KeyDType::kF32, true, kPerChannel);
-const QuantKey kInt8DynamicTokenSym = key(KeyDType::kI8, KeyDType::kF32, false, kPerToken);
-const QuantKey kInt8StaticTensorSym = key(KeyDType::kI8, KeyDType::kF32, true, kPerTensor);
-const QuantKey kInt8DynamicTensorSym = key(KeyDType::kI8, KeyDType::kF32, false, kPerTensor);
+// Constant-initialised (constinit): other translation units may copy these during their own static
+// initialisation.
+constinit const QuantKey kFp8StaticTensorSym = key(kFp8, KeyDType::kF32, true, kPerTensor);
+constinit const QuantKey kFp8DynamicTensorSym = key(kFp8, KeyDType::kF32, false, kPerTensor);
+constinit const QuantKey kFp8StaticTokenSym = key(kFp8, KeyDType::kF32, true, kPerToken);
+constinit const QuantKey kFp8StaticChannelSym = key(kFp8, KeyDType::kF32, true, kPerChannel);
+constinit const QuantKey kFp8DynamicTokenSym = key(kFp8, KeyDType::kF32, false, kPerToken);
+constinit const QuantKey kFp8Dynamic128Sym = key(kFp8, KeyDType::kF32, false, GroupShape(1, 128));
+constinit const QuantKey kFp8Static128BlockSym =
+    key(kFp8, KeyDType::kF32, true, GroupShape(128, 128));
+constinit const QuantKey kFp8Dynamic64Sym = key(kFp8, KeyDType::kF32, false, GroupShape(1, 64));
+constinit const QuantKey kMxfp8Static = key(kFp8, KeyDType::kU8, true, GroupShape(1, 32));
+constinit const QuantKey kMxfp8Dynamic = key(kFp8, KeyDType::kU8, false, GroupShape(1, 32));
+constinit const QuantKey kMxfp4Static = key(KeyDType::kU8, KeyDType::kU8, true, GroupShape(1, 32));
+constinit const QuantKey kMxfp4Dynamic =
+    key(KeyDType::kU8, KeyDType::kU8, false, GroupShape(1, 32));
+constinit const QuantKey kNvfp4Static{KeyDType::kU8, ScaleDesc{kFp8, true, GroupShape(1, 16)},
+                                      kStaticTensorScale, true};
+constinit const QuantKey kNvfp4Dynamic{KeyDType::kU8, ScaleDesc{kFp8, false, GroupShape(1, 16)},
+                                       kStaticTensorScale, true};
+constinit const QuantKey kInt8StaticChannelSym =
+    key(KeyDType::kI8, KeyDType::kF32, true, kPerChannel);
+constinit const QuantKey kInt8DynamicTokenSym =
+    key(KeyDType::kI8, KeyDType::kF32, false, kPerToken);
+constinit const QuantKey kInt8StaticTensorSym =
+    key(KeyDType::kI8, KeyDType::kF32, true, kPerTensor);
+constinit const QuantKey kInt8DynamicTensorSym =
+    key(KeyDType::kI8, KeyDType::kF32, false, kPerTensor);
 // WNA16 weight keys (Marlin/Humming); only their identity matters to the FP8 oracle.
-const QuantKey kInt4Static = key(KeyDType::kUInt4B8, KeyDType::kF32, true, GroupShape(1, 128));
-const QuantKey kInt8Static = key(KeyDType::kI8, KeyDType::kF32, true, GroupShape(1, 128));
-const QuantKey kInt4Static32 = key(KeyDType::kUInt4B8, KeyDType::kF32, true, GroupShape(1, 32));
-const QuantKey kInt4StaticAsym =
+constinit const QuantKey kInt4Static =
+    key(KeyDType::kUInt4B8, KeyDType::kF32, true, GroupShape(1, 128));
+constinit const QuantKey kInt8Static = key(KeyDType::kI8, KeyDType::kF32, true, GroupShape(1, 128));
+constinit const QuantKey kInt4Static32 =
+    key(KeyDType::kUInt4B8, KeyDType::kF32, true, GroupShape(1, 32));
+constinit const QuantKey kInt4StaticAsym =
     key(KeyDType::kUInt4, KeyDType::kF32, true, GroupShape(1, 128), false);
-const QuantKey kInt4Static32Asym =
+constinit const QuantKey kInt4Static32Asym =
     key(KeyDType::kUInt4, KeyDType::kF32, true, GroupShape(1, 32), false);
 
 namespace {

@@ -228,13 +228,29 @@ void validate_fused_moe_args(const FusedMoeArgs& a) {
   Checker c;
   const MoeScheme& sc = a.scheme;
   // x and out.
-  if (!a.x.defined() || a.x.ndim != 2) {
+  const bool batched = a.batched();
+  if (batched) {
+    if (!a.x.defined() || a.x.ndim != 3) {
+      Checker::fail(fmt::format(
+          "fused_moe: batched format: x must be 3-D (local experts, max_tokens, hidden), got {}",
+          a.x.describe()));
+    }
+  } else if (!a.x.defined() || a.x.ndim != 2) {
     Checker::fail(fmt::format("fused_moe: x must be a 2-D (num_tokens, hidden) tensor, got {}",
                               a.x.describe()));
   }
-  const int64_t M = a.x.size(0), H = a.x.size(1);
-  c.tensor("x", a.x, {M, H}, {DType::kBF16, DType::kF32}, "num_tokens, hidden");
-  c.tensor("out", a.out, {M, H}, {a.x.dtype}, "same shape and dtype as x");
+  const int64_t M = batched ? a.x.size(1) : a.x.size(0), H = a.x.size(-1);
+  if (batched) {
+    const int64_t EB = a.x.size(0);
+    c.tensor("x", a.x, {EB, M, H}, {DType::kBF16, DType::kF32},
+             "local experts, max_tokens, hidden");
+    c.tensor("out", a.out, {EB, M, H}, {a.x.dtype, DType::kF32},
+             "same shape as x, dtype of x or f32 (partial output)");
+  } else {
+    c.tensor("x", a.x, {M, H}, {DType::kBF16, DType::kF32}, "num_tokens, hidden");
+    c.tensor("out", a.out, {M, H}, {a.x.dtype, DType::kF32},
+             "same shape as x, dtype of x or f32 (partial output)");
+  }
   // Weights.
   if (!a.weights.w13.defined() || a.weights.w13.ndim != 3 || !a.weights.w2.defined() ||
       a.weights.w2.ndim != 3) {
@@ -360,6 +376,38 @@ void validate_fused_moe_args(const FusedMoeArgs& a) {
   }
   if (ws.w2_bias.defined()) {
     c.tensor("w2_bias", ws.w2_bias, {E, H}, {DType::kF32, DType::kBF16}, "bias of GEMM2");
+  }
+  if (batched) {
+    // Batched (masked) format: one slab per local expert, rows already dispatched.
+    c.tensor("expert_num_tokens", a.expert_num_tokens, {E}, {DType::kI32},
+             "one row count per local expert (x.size(0) must equal w13.size(0))");
+    if (a.x.size(0) != E) {
+      Checker::fail(
+          fmt::format("fused_moe: batched format: x has {} expert slabs but w13 has {} "
+                      "local experts",
+                      a.x.size(0), E));
+    }
+    if (a.expert_num_tokens.device.is_cpu()) {
+      for (int64_t e = 0; e < E; ++e) {
+        const int32_t n = a.expert_num_tokens.ptr<const int32_t>()[e];
+        if (n < 0 || n > M) {
+          Checker::fail(
+              fmt::format("fused_moe: expert_num_tokens[{}] = {} is outside [0, {}] "
+                          "(max_tokens of x)",
+                          e, n, M));
+        }
+      }
+    }
+    if (a.topk_ids.defined() || a.router_logits.defined() || a.expert_map.defined()) {
+      Checker::fail(
+          "fused_moe: batched format takes no router_logits, topk_ids or expert_map (the rows "
+          "are already dispatched to their local expert)");
+    }
+    if (a.apply_router_weight_on_input) {
+      Checker::fail(
+          "fused_moe: batched format: apply the router weight on the input before dispatch");
+    }
+    return;
   }
   // Routing.
   int64_t E_global = E;

@@ -8,6 +8,8 @@
 
 #include <cstring>
 
+#include "kernels/ref/ref.hpp"
+
 #ifdef FP8MOE_WITH_CUDA
 #include "kernels/cuda/fused_moe_cuda.hpp"
 #endif
@@ -25,6 +27,7 @@ const bool g_cuda_hooks_installed = (cuda::install_hooks(), true);
 
 const std::vector<const ExpertsImpl*>& experts_impls() {
   static const std::vector<const ExpertsImpl*> impls = {
+      &ref::ref_experts_impl(),  // "ref": the float64 reference (no vLLM class names it)
   // CPU kernels (src/kernels/cpu) go here.
 #ifdef FP8MOE_WITH_CUDA
       // CUDA kernels (src/kernels/cuda) go here.

@@ -193,6 +193,15 @@ void check_moe_config_for_platform(const MoeConfig& config, const Platform& plat
   }
 }
 
+void post_init_for_platform(MoeConfig& config, const Platform& platform, const OracleEnv& env) {
+  check_moe_config_for_platform(config, platform);
+  const bool aiter_moe = platform.is_rocm() && platform.cdna_version() > 2 &&
+                         platform.has(Feature::kAiter) && env.rocm_use_aiter() &&
+                         env.rocm_use_aiter_moe();
+  config.rocm_aiter_fmoe_enabled = config.is_act_and_mul() && aiter_moe;
+  config.aiter_fmoe_shared_expert_enabled = false;
+}
+
 Selection select_fp8_moe_backend(const MoeConfig& config, const OptQuantKey& weight_key,
                                  const OptQuantKey& activation_key, bool allow_vllm_cutlass,
                                  const Platform& platform, const OracleEnv& env,

@@ -7,6 +7,7 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
+#include <algorithm>
 #include <cctype>
 #include <cmath>
 #include <iostream>
@@ -86,6 +87,15 @@ OptQuantKey parse_key(const std::string& text, const Platform& platform) {
   OptQuantKey k = parse_quant_key(text);
   const bool explicit_dtype = text.rfind("fp8_e4m3", 0) == 0;
   return explicit_dtype ? k : with_fp8_dtype(k, platform.fp8_dtype());
+}
+
+// The constant name of a key in the platform's flavour ("kFp8Static128BlockSym [e4m3fnuz]").
+std::string key_display(const OptQuantKey& k) {
+  if (!k) return "none";
+  const bool fnuz = k->dtype == KeyDType::kF8E4M3FNUZ;
+  const std::string name = quant_key_name(with_fp8_dtype(k, KeyDType::kF8E4M3FN));
+  if (name.rfind("QuantKey(", 0) == 0) return quant_key_name(k);
+  return fnuz ? name + " [e4m3fnuz]" : name;
 }
 
 void check_no_extras(CLI::App* sub) {
@@ -250,6 +260,11 @@ MoeParallelConfig make_parallel(const DeploymentOptions& o, const std::string& a
   return MoeParallelConfig::make(tp, pcp, dp, sp_size, enable_ep, all2all, enable_eplb);
 }
 
+// Accepts vLLM's printed forms too: "MoEActivation.SILU", "RoutingMethodType.DeepSeekV3".
+std::string strip_prefix(const std::string& s, std::string_view prefix) {
+  return s.rfind(prefix, 0) == 0 ? s.substr(prefix.size()) : s;
+}
+
 MoeConfig make_config(const DeploymentOptions& o) {
   MoeConfig c;
   c.num_experts = parse_int_option("--num-experts", o.num_experts, 1);
@@ -258,8 +273,8 @@ MoeConfig make_config(const DeploymentOptions& o) {
   c.intermediate_size = parse_int_option("--intermediate", o.intermediate, 1);
   c.moe_parallel_config =
       make_parallel(o, o.all2all_backend, parse_int_option("--sp", o.sp, 1), o.enable_eplb);
-  c.activation = activation_from_str(o.activation);
-  c.routing_method = parse_routing_method(o.routing_method);
+  c.activation = activation_from_str(strip_prefix(o.activation, "MoEActivation."));
+  c.routing_method = parse_routing_method(strip_prefix(o.routing_method, "RoutingMethodType."));
   c.in_dtype = parse_dtype(o.dtype);
   if (!o.router_logits_dtype.empty()) c.router_logits_dtype = parse_dtype(o.router_logits_dtype);
   c.moe_backend = o.moe_backend;
@@ -332,10 +347,10 @@ void print_trace_human(const std::vector<TraceEntry>& trace, bool only_rejected)
 void run_select(const DeploymentOptions& o) {
   const Platform platform = make_platform(o);
   const OracleEnv env = make_env(o);
-  const MoeConfig config = make_config(o);
+  MoeConfig config = make_config(o);
   const OptQuantKey wk = parse_key(o.weight_key, platform);
   const OptQuantKey ak = parse_key(o.activation_key, platform);
-  check_moe_config_for_platform(config, platform);
+  post_init_for_platform(config, platform, env);
 
   Selection progress;
   Selection sel;
@@ -344,7 +359,7 @@ void run_select(const DeploymentOptions& o) {
   } catch (const Error&) {
     if (!o.json) {
       std::cout << fmt::format("No FP8 MoE backend selected for {}\n", platform.describe());
-      std::cout << fmt::format("  keys       W {}  A {}\n", quant_key_name(wk), quant_key_name(ak));
+      std::cout << fmt::format("  keys       W {}  A {}\n", key_display(wk), key_display(ak));
       std::cout << fmt::format("  config     {}\n", config_line(config));
       for (const auto& n : progress.notes) std::cout << "  note       " << n << "\n";
       if (!progress.candidates.empty())
@@ -386,7 +401,7 @@ void run_select(const DeploymentOptions& o) {
     std::cout << "FP8 MoE backend: NONE (no experts class)\n";
   }
   std::cout << fmt::format("  platform   {}\n", platform.describe());
-  std::cout << fmt::format("  keys       W {}  A {}\n", quant_key_name(wk), quant_key_name(ak));
+  std::cout << fmt::format("  keys       W {}  A {}\n", key_display(wk), key_display(ak));
   std::cout << fmt::format("  config     {}\n", config_line(config));
   if (sel.kernel) {
     std::cout << fmt::format("  kernel     {}: {}\n", sel.kernel->name, sel.kernel->summary);
@@ -444,8 +459,13 @@ void run_support(const DeploymentOptions& o) {
     Support verdict;
   };
   std::vector<Row> rows;
-  for (Fp8MoeBackend b : all_fp8_moe_backends()) {
-    if (b == Fp8MoeBackend::kNone) continue;
+  // Priority order first, then the backends the auto scan never tries (registered without
+  // auto_select).
+  std::vector<Fp8MoeBackend> order = priority;
+  for (Fp8MoeBackend b : all_fp8_moe_backends())
+    if (b != Fp8MoeBackend::kNone && std::find(order.begin(), order.end(), b) == order.end())
+      order.push_back(b);
+  for (Fp8MoeBackend b : order) {
     for (const ExpertsKernel* k : backend_to_kernel_cls(b))
       rows.push_back({b, k, experts_supported(*k, config, wk, ak, fmt_, ctx)});
   }
@@ -474,14 +494,23 @@ void run_support(const DeploymentOptions& o) {
     return;
   }
   std::cout << fmt::format("FP8 MoE support on {}\n", platform.describe());
-  std::cout << fmt::format("  keys       W {}  A {}\n", quant_key_name(wk), quant_key_name(ak));
+  std::cout << fmt::format("  keys       W {}  A {}\n", key_display(wk), key_display(ak));
   std::cout << fmt::format("  config     {}\n", config_line(config));
   std::cout << fmt::format("  format     {}\n", activation_format_name(fmt_));
-  std::cout << "  priority   " << python_list_repr(priority_values) << "\n\n";
-  std::cout << fmt::format("{:<22} {:<30} {:<4} {}\n", "BACKEND", "EXPERTS CLASS", "OK", "REASON");
+  std::cout << "  priority   " << python_list_repr(priority_values) << "\n";
+  std::cout << "  #: position in the auto scan's priority order\n\n";
+  const auto line = [](std::string s) {
+    while (!s.empty() && s.back() == ' ') s.pop_back();
+    std::cout << s << "\n";
+  };
+  line(
+      fmt::format("{:>2} {:<22} {:<30} {:<4} {}", "#", "BACKEND", "EXPERTS CLASS", "OK", "REASON"));
   for (const auto& r : rows) {
-    std::cout << fmt::format("{:<22} {:<30} {:<4} {}\n", backend_value(r.backend), r.kernel->name,
-                             r.verdict.ok ? "yes" : "no", r.verdict.ok ? "" : r.verdict.reason);
+    const auto pos = std::find(priority.begin(), priority.end(), r.backend);
+    const std::string rank =
+        pos == priority.end() ? "-" : std::to_string(pos - priority.begin() + 1);
+    line(fmt::format("{:>2} {:<22} {:<30} {:<4} {}", rank, backend_value(r.backend), r.kernel->name,
+                     r.verdict.ok ? "yes" : "no", r.verdict.ok ? "" : r.verdict.reason));
   }
 }
 
@@ -503,7 +532,7 @@ void run_resolve(ResolveOptions& r) {
   config.hidden_dim = parse_int_option("--hidden", o.hidden, 1);
   config.intermediate_size = parse_int_option("--intermediate", o.intermediate, 1);
   config.moe_parallel_config = make_parallel(o, "allgather_reducescatter", 1, false);
-  config.activation = activation_from_str(o.activation);
+  config.activation = activation_from_str(strip_prefix(o.activation, "MoEActivation."));
   config.moe_backend = o.moe_backend;
   for (auto& ch : config.moe_backend)
     ch = ch == '-' ? '_' : static_cast<char>(std::tolower(static_cast<unsigned char>(ch)));

@@ -304,8 +304,11 @@ void run(const FusedMoeArgs& a, bool reverse, detail::Trace* trace) {
         const int jj = reverse ? K - 1 - j : j;
         acc += static_cast<T>(y2[(t * K + jj) * H + m]);
       }
-      const float o = num::round_to<T>(acc, bf16);
-      if (bf16) {
+      // f32 out with bf16 x: a partial output for an EP/TP reduction; the top-k sum is kept in
+      // f32 (rounded once from T) and the caller rounds the reduced value once.
+      const bool out_bf16 = a.out.dtype == DType::kBF16;
+      const float o = num::round_to<T>(acc, out_bf16);
+      if (out_bf16) {
         a.out.ptr<uint16_t>()[t * H + m] = num::float_to_bf16(o);
       } else {
         a.out.ptr<float>()[t * H + m] = o;
@@ -378,11 +381,71 @@ void check_unquantized(const UnquantizedMoeArgs& a) {
 
 }  // namespace
 
-void fused_moe(const FusedMoeArgs& args) { run<double>(args, false, nullptr); }
+namespace {
+// The batched (masked) format on top of the standard one: the valid rows of every slab become one
+// batch of tokens with top-1 routing to their slab's expert and weight 1 (exact), so quantisation
+// (per-tensor dynamic scales included) sees the same rows as the standard format would; each
+// result row goes back to its slab position. Rows past expert_num_tokens[e] are untouched.
+template <class T>
+void run_batched(const FusedMoeArgs& a, bool reverse, detail::Trace* trace) {
+  validate_fused_moe_args(a);
+  require_cpu("x", a.x);
+  require_cpu("out", a.out);
+  require_cpu("expert_num_tokens", a.expert_num_tokens);
+  const int64_t E = a.x.size(0), max_m = a.x.size(1), H = a.x.size(2);
+  const std::size_t row_bytes = static_cast<std::size_t>(H) * dtype_size(a.x.dtype);
+  const int32_t* counts = a.expert_num_tokens.ptr<const int32_t>();
+  int64_t rows = 0;
+  for (int64_t e = 0; e < E; ++e) rows += counts[e];
+  Tensor x = Tensor::empty({rows, H}, a.x.dtype);
+  Tensor out = Tensor::empty({rows, H}, a.out.dtype);
+  const std::size_t out_row_bytes = static_cast<std::size_t>(H) * dtype_size(a.out.dtype);
+  Tensor ids = Tensor::empty({rows, 1}, DType::kI32);
+  Tensor w = Tensor::empty({rows, 1}, DType::kF32);
+  int64_t r = 0;
+  for (int64_t e = 0; e < E; ++e) {
+    for (int64_t m = 0; m < counts[e]; ++m, ++r) {
+      std::memcpy(static_cast<char*>(x.data()) + r * row_bytes,
+                  static_cast<const char*>(a.x.data) + (e * max_m + m) * row_bytes, row_bytes);
+      ids.ptr<int32_t>()[r] = static_cast<int32_t>(e);
+      w.ptr<float>()[r] = 1.0f;
+    }
+  }
+  FusedMoeArgs s = a;
+  s.expert_num_tokens = {};
+  s.x = x;
+  s.out = out;
+  s.topk_ids = ids;
+  s.topk_weights = w;
+  s.routing.topk = 1;
+  run<T>(s, reverse, trace);
+  r = 0;
+  for (int64_t e = 0; e < E; ++e) {
+    for (int64_t m = 0; m < counts[e]; ++m, ++r) {
+      std::memcpy(static_cast<char*>(a.out.data) + (e * max_m + m) * out_row_bytes,
+                  static_cast<const char*>(out.data()) + r * out_row_bytes, out_row_bytes);
+    }
+  }
+}
+}  // namespace
+
+void fused_moe(const FusedMoeArgs& args) {
+  if (args.batched()) {
+    run_batched<double>(args, false, nullptr);
+  } else {
+    run<double>(args, false, nullptr);
+  }
+}
 
 namespace detail {
 void fused_moe_with(const FusedMoeArgs& args, const Options& o, Trace* trace) {
-  if (o.float32) {
+  if (args.batched()) {
+    if (o.float32) {
+      run_batched<float>(args, o.reverse, trace);
+    } else {
+      run_batched<double>(args, o.reverse, trace);
+    }
+  } else if (o.float32) {
     run<float>(args, o.reverse, trace);
   } else {
     run<double>(args, o.reverse, trace);
@@ -463,6 +526,7 @@ const ExpertsImpl& ref_experts_impl() {
     ExpertsImpl i;
     i.name = "ref";
     i.device = DeviceKind::kCpu;
+    i.f32_partial_out = true;
     i.supports_config = nullptr;  // everything the contract allows
     i.available = &ref_available;
     i.workspace_size = &ref_workspace;
