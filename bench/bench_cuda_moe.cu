@@ -285,6 +285,8 @@ int main(int argc, char** argv) {
     const std::string a = argv[i];
     if (a == "--quick")
       quick = true;
+    else if (a == "--ncu")
+      ncu = true;
     else if (a == "--csv" && i + 1 < argc)
       csv = argv[++i];
     else if (a == "--shape" && i + 1 < argc)

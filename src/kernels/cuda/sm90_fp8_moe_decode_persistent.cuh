@@ -509,11 +509,14 @@ __global__ void __launch_bounds__(kDecThreads, 1)
       auto issue_acts = [&](int st, int k0, int nkb) {
         uint8_t* adst = ring + st * kDecStageBytes + kDecWBytes;
         const int chunks = nkb * 8;
-        for (int i = lane; i < T * chunks; i += 32) {
+        const int rows = (T + 7) / 8 * 8;  // whole mma groups: rows past T are zero-filled
+        for (int i = lane; i < rows * chunks; i += 32) {
           const int r = i / chunks, c = i % chunks;
-          const int pair = t.pair_list[p0 + r];
+          const bool ok = r < T;
+          const int pair = ok ? t.pair_list[p0 + r] : 0;
           const int64_t arow = g2 ? pair : pair / p.topk;
-          cp_async_16(adst + r * 512 + ((c ^ (r & 7)) << 4), asrc + arow * K + k0 + c * 16);
+          cp_async_16(adst + r * 512 + ((c ^ (r & 7)) << 4),
+                      ok ? asrc + arow * K + k0 + c * 16 : asrc, ok ? 16 : 0);
         }
         cp_async_mbar_arrive_noinc(&full[st]);
       };
@@ -659,11 +662,13 @@ __global__ void __launch_bounds__(kDecThreads, 1)
       };
       const bool ahead = sps == 4;
       StageScales cur{}, nxt{};
-      if (ahead) load_scales(0, cur);
       for (int j = 0; j < kstages; ++j) {
         const int k0 = j * KBS * 128;
         const int nkb = min(KBS, (K - k0) / 128);
         mbar_wait(&full[stage], sphase);
+        // The activation scales are written by other CTAs; the first full stage of an item proves
+        // the producer saw them ready, so they are read only from then on.
+        if (ahead && j == 0) load_scales(0, cur);
         if (ahead && j + 1 < kstages) load_scales(j + 1, nxt);
         if (kbw < nkb) {
           const uint8_t* wbox = ring + stage * kDecStageBytes + (kbw * RT + rt) * kDecBox;
