@@ -344,8 +344,10 @@ void run_wgmma_chunk(const MoeProblem& p, const ChunkPtrs& c, int64_t m, const W
   } else {
     r = route_and_align(p, c, m, L, ws, &ids, &tw);
   }
-  uint8_t* qx = ws + L.qx;
-  float* sx = reinterpret_cast<float*>(ws + L.sx);
+  // x quantised straight into the sorted layout (row p = token sorted_ids[p] / topk), so GEMM1's
+  // A operand is contiguous and loads with TMA
+  uint8_t* qx = ws + L.qxs;
+  float* sx = reinterpret_cast<float*>(ws + L.sxs);
   if (!gemm_only) {
     QuantSpec q;
     q.kind = p.aq1;
@@ -353,8 +355,8 @@ void run_wgmma_chunk(const MoeProblem& p, const ChunkPtrs& c, int64_t m, const W
     q.ue8m0 = p.ue8m0;
     q.static_scale = p.a13_scale;
     q.amax_ws = reinterpret_cast<unsigned*>(ws + L.amax);
-    RowSet rows;
-    rows.num_rows = static_cast<int32_t>(m);
+    RowSet rows{r.al.sorted_ids, r.al.meta, static_cast<int32_t>(r.capacity), r.num_valid,
+                static_cast<int32_t>(p.topk)};
     RowScale rs;
     if (p.router_on_input) rs.w = tw;
     launch_quant(q, c.x, p.x_f32, p.H, rows, rs, static_cast<int>(p.H),
@@ -382,6 +384,7 @@ void run_wgmma_chunk(const MoeProblem& p, const ChunkPtrs& c, int64_t m, const W
     g.K = static_cast<int32_t>(p.H);
     g.I = static_cast<int32_t>(p.I);
     g.rows_total = p.E * p.N1;
+    g.a_rows = r.capacity;
     g.block = block;
     g.promote_k32 = wgmma_promote_k32();
     g.gk = p.gk;
@@ -409,6 +412,7 @@ void run_wgmma_chunk(const MoeProblem& p, const ChunkPtrs& c, int64_t m, const W
     g.K = static_cast<int32_t>(p.I);
     g.I = static_cast<int32_t>(p.I);
     g.rows_total = p.E * p.H;
+    g.a_rows = r.capacity;
     g.block = block;
     g.promote_k32 = wgmma_promote_k32();
     g.gk = p.gk;
@@ -428,7 +432,7 @@ bool wgmma_path_preferred(const MoeProblem& p) { return p.M > 32; }
 
 std::size_t wgmma_workspace(const MoeProblem& p) {
   if (p.M == 0 || !wgmma_path_limit(p).empty()) return 0;
-  return workspace_layout(p, chunk_tokens(p, false), kGemmBM).total;
+  return workspace_layout(p, chunk_tokens(p, false), kGemmBM, false, true).total;
 }
 
 void run_wgmma(const MoeProblem& p, void* workspace) {
@@ -436,7 +440,7 @@ void run_wgmma(const MoeProblem& p, void* workspace) {
   const size_t logit_bytes = p.rp.logits_bf16 ? 2 : 4;
   for (int64_t c0 = 0; c0 < p.M; c0 += C) {
     const int64_t m = std::min(C, p.M - c0);
-    const Workspace L = workspace_layout(p, m, kGemmBM);
+    const Workspace L = workspace_layout(p, m, kGemmBM, false, true);
     ChunkPtrs c;
     c.x = static_cast<const uint8_t*>(p.x) + c0 * p.H * 2;
     c.out = static_cast<uint8_t*>(p.out) + c0 * p.H * 2;

@@ -108,6 +108,7 @@ struct RowSet {
   const int32_t* num_rows_ptr = nullptr;  // device row count (padded rows) when sorted
   int32_t num_rows = 0;                   // host upper bound on rows
   int32_t num_valid = 0;
+  int32_t gather_div = 0;  // > 0: source row of p is sorted_ids[p] / gather_div (gathered input)
 };
 
 // Optional per-row multiplier applied before quantisation (apply_router_weight_on_input).
@@ -154,8 +155,9 @@ struct WgArgs {
   WeightSide w;
   int32_t N = 0, K = 0;  // GEMM1: N = 2I (packed gate/up), K = H; GEMM2: N = H, K = I
   int32_t I = 0;
-  int64_t rows_total = 0;  // E * N: rows of the weight tensor (for its TMA descriptor)
-  int32_t block = 0;       // block weights x group activations: promote with scales per k-block
+  int64_t rows_total = 0;   // E * N: rows of the weight tensor (for its TMA descriptor)
+  int64_t a_rows = 0;       // rows of the A tensor (the sorted layout's capacity)
+  int32_t block = 0;        // block weights x group activations: promote with scales per k-block
   int32_t promote_k32 = 0;  // promote after every k32 wgmma (more fp32 precision, slower)
   int32_t gk = 128;
   // GEMM1 outputs: the quantised intermediate

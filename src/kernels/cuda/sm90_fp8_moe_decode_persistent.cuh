@@ -394,7 +394,7 @@ __global__ void __launch_bounds__(kDecThreads, 1)
   const int warp = tid >> 5, lane = tid & 31;
   if (tid == 0) {
     for (int i = 0; i < kDecStages; ++i) {
-      mbar_init(&full[i], 1 + 32);
+      mbar_init(&full[i], 2);  // the weights' arrive.expect_tx, then the activations'
       mbar_init(&empty[i], kDecConsumerWarps);
     }
     for (int i = 0; i < kDecQueue; ++i) {
@@ -507,18 +507,17 @@ __global__ void __launch_bounds__(kDecThreads, 1)
              : p.M;
       bool ready = g2 ? false : qx_ready;
       auto issue_acts = [&](int st, int k0, int nkb) {
+        // one 1D bulk copy per token row (unswizzled rows of 512 bytes in shared memory)
         uint8_t* adst = ring + st * kDecStageBytes + kDecWBytes;
-        const int chunks = nkb * 8;
-        const int rows = (T + 7) / 8 * 8;  // whole mma groups: rows past T are zero-filled
-        for (int i = lane; i < rows * chunks; i += 32) {
-          const int r = i / chunks, c = i % chunks;
-          const bool ok = r < T;
-          const int pair = ok ? t.pair_list[p0 + r] : 0;
+        const uint32_t bytes = static_cast<uint32_t>(nkb * 128);
+        if (lane == 0) mbar_arrive_expect_tx(&full[st], bytes * T);
+        __syncwarp();
+        if (lane < T) {
+          const int pair = t.pair_list[p0 + lane];
           const int64_t arow = g2 ? pair : pair / p.topk;
-          cp_async_16(adst + r * 512 + ((c ^ (r & 7)) << 4),
-                      ok ? asrc + arow * K + k0 + c * 16 : asrc, ok ? 16 : 0);
+          bulk_copy_g2s(adst + lane * 512, asrc + arow * K + k0, bytes, &full[st]);
         }
-        cp_async_mbar_arrive_noinc(&full[st]);
+        __syncwarp();
       };
       auto check_ready = [&]() {
         if (ready) return true;
@@ -692,7 +691,7 @@ __global__ void __launch_bounds__(kDecThreads, 1)
                 uint32_t bfr[2];
                 const int r = g * 8 + (lane & 7);
                 const int c = kbw * 8 + ks * 2 + ((lane >> 3) & 1);
-                ldmatrix_x2(bfr, smem_u32(abase + r * 512 + ((c ^ (r & 7)) << 4)));
+                ldmatrix_x2(bfr, smem_u32(abase + r * 512 + (c << 4)));
                 mma_e4m3_16832(part[g], af, bfr);
               }
             }

@@ -58,16 +58,17 @@ void launch_gemm_wgmma(const WgArgs& a, bool gemm2, int capacity, cudaStream_t s
   if (capacity == 0) return;
   // weight tensor map: rows of the (E, N, K) tensor, boxes of 128 rows x 128 bytes
   const CUtensorMap tm = make_tma_2d_u8(a.w.w, a.K, a.rows_total, 128, 128);
+  const CUtensorMap tma = make_tma_2d_u8(a.a, a.K, a.a_rows, 128, kWgBM);
   const int n_tiles_n = static_cast<int>(gemm2 ? ceil_div(a.N, 256) : a.I / 128);
   const int n_mblk = capacity / kWgBM;
   const int64_t tiles = int64_t(n_tiles_n) * n_mblk;
   // persistent: one CTA per SM (the ring takes ~200 KB of shared memory)
   const unsigned grid = static_cast<unsigned>(std::min<int64_t>(tiles, num_sms()));
-#define FP8MOE_WG(G2, K32)                                                      \
-  do {                                                                          \
-    configure_once<G2, K32>();                                                  \
-    moe_gemm_wgmma_kernel<G2, K32>                                              \
-        <<<grid, kWgThreads, kWgSmemBytes, stream>>>(a, tm, n_mblk, n_tiles_n); \
+#define FP8MOE_WG(G2, K32)                                                           \
+  do {                                                                               \
+    configure_once<G2, K32>();                                                       \
+    moe_gemm_wgmma_kernel<G2, K32>                                                   \
+        <<<grid, kWgThreads, kWgSmemBytes, stream>>>(a, tm, tma, n_mblk, n_tiles_n); \
   } while (0)
   if (a.promote_k32) {
     if (gemm2)

@@ -126,7 +126,8 @@ __device__ __forceinline__ WgTile wg_tile(const WgArgs& p, int t, int n_mblk) {
 template <bool kGemm2, bool kK32>
 __global__ void __launch_bounds__(kWgThreads, 1)
     moe_gemm_wgmma_kernel(const __grid_constant__ WgArgs p,
-                          const __grid_constant__ CUtensorMap tm_w, int n_mblk, int n_tiles_n) {
+                          const __grid_constant__ CUtensorMap tm_w,
+                          const __grid_constant__ CUtensorMap tm_a, int n_mblk, int n_tiles_n) {
   extern __shared__ uint8_t wg_smem_raw[];
   uint8_t* smem = reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(wg_smem_raw) + 1023) &
                                              ~uintptr_t(1023));
@@ -139,7 +140,7 @@ __global__ void __launch_bounds__(kWgThreads, 1)
   const int wg = tid / 128, wtid = tid % 128;
   if (tid == 0) {
     for (int i = 0; i < kWgStages; ++i) {
-      mbar_init(&full[i], 1 + 128);
+      mbar_init(&full[i], 1);
       mbar_init(&empty[i], 2);
     }
     fence_barrier_init();
@@ -156,55 +157,36 @@ __global__ void __launch_bounds__(kWgThreads, 1)
       br[1] = w.e * p.N + p.I + w.nt * 128;
     }
   };
+  // A rows are the sorted positions for both GEMMs (GEMM1's input was gathered into sorted order
+  // when it was quantised); -1 for padding rows.
   auto a_offset = [&](const WgTile& w, int r) -> int64_t {
     const int pos = w.m_blk * kWgBM + r;
     const int id = p.rows.sorted_ids[pos];
     if (id >= p.rows.num_valid) return -1;
-    const int64_t arow = kGemm2 ? pos : id / p.rows.topk;
-    return arow * p.a_stride;
+    return int64_t(pos) * p.a_stride;
   };
 
   if (wg == 0) {
-    // ================================ producer ==============================================
+    // ================================ producer: one thread, three TMA loads per k-block =========
+    if (wtid != 0) return;
     int it = 0;  // k-blocks issued so far (ring position)
     for (int t = blockIdx.x; t < n_tiles; t += gridDim.x) {
       const WgTile w = wg_tile(p, t, n_mblk);
       if (!w.valid) continue;
       int br[2];
       brows(w, br);
-      int64_t aoff[4];
-      int rr[4], cc[4];
-#pragma unroll
-      for (int i = 0; i < 4; ++i) {
-        const int c = wtid + i * 128;  // 512 chunks of 16 B per k-block
-        rr[i] = c >> 3;
-        cc[i] = c & 7;
-        aoff[i] = a_offset(w, rr[i]);
-      }
       for (int kb = 0; kb < num_kb; ++kb, ++it) {
         const int s = it % kWgStages;
         const uint32_t ph = (it / kWgStages) & 1;
         mbar_wait(&empty[s], ph ^ 1);
         uint8_t* a_dst = smem + s * kWgStageBytes;
         uint8_t* b_dst = a_dst + kWgAStage;
-        if (wtid == 0) {
-          mbar_arrive_expect_tx(&full[s], kWgBStage);
-          tma_load_2d(b_dst, &tm_w, &full[s], kb * 128, br[0]);
-          tma_load_2d(b_dst + kWgBStage / 2, &tm_w, &full[s], kb * 128, br[1]);
-        }
-#pragma unroll
-        for (int i = 0; i < 4; ++i) {
-          const int r = rr[i], c = cc[i];
-          const bool ok = aoff[i] >= 0;
-          cp_async_16(a_dst + r * 128 + ((c ^ (r & 7)) << 4),
-                      p.a + (ok ? aoff[i] + kb * 128 + c * 16 : 0), ok ? 16 : 0);
-        }
-        asm volatile(
-            "cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];\n" ::"r"(smem_u32(&full[s]))
-            : "memory");
+        mbar_arrive_expect_tx(&full[s], kWgAStage + kWgBStage);
+        tma_load_2d(a_dst, &tm_a, &full[s], kb * 128, w.m_blk * kWgBM);
+        tma_load_2d(b_dst, &tm_w, &full[s], kb * 128, br[0]);
+        tma_load_2d(b_dst + kWgBStage / 2, &tm_w, &full[s], kb * 128, br[1]);
       }
     }
-    cp_async_wait<0>();
     return;
   }
 
@@ -239,7 +221,6 @@ __global__ void __launch_bounds__(kWgThreads, 1)
       const int s = it % kWgStages;
       const uint32_t ph = (it / kWgStages) & 1;
       mbar_wait(&full[s], ph);
-      fence_proxy_async();  // the activation tile was written by cp.async (generic proxy)
       const uint8_t* a_s = smem + s * kWgStageBytes;
       const uint8_t* b_s = a_s + kWgAStage + mw * (kWgBStage / 2);
       const uint64_t da = wg_desc(a_s), db = wg_desc(b_s);

@@ -20,6 +20,11 @@ __device__ __forceinline__ bool row_valid(const RowSet& r, int p) {
   return p < *r.num_rows_ptr && r.sorted_ids[p] < r.num_valid;
 }
 
+// The source row of output row p: p itself, or the token of sorted position p (gathered input).
+__device__ __forceinline__ int src_row(const RowSet& r, int p) {
+  return r.gather_div ? r.sorted_ids[p] / r.gather_div : p;
+}
+
 // x <- x * w with w cast to x's dtype first, as torch does for bf16 tensors.
 __device__ __forceinline__ float row_scale_apply(const RowScale& rs, float x, int row,
                                                  bool bf16_src) {
@@ -87,10 +92,11 @@ __global__ void __launch_bounds__(256)
   float v[8];
   float amax = 0.0f;
   if (ok) {
-    load8<T>(src + int64_t(row) * src_stride + c8 * 8, v);
+    const int sr = src_row(rows, row);
+    load8<T>(src + int64_t(sr) * src_stride + c8 * 8, v);
 #pragma unroll
     for (int i = 0; i < 8; ++i) {
-      v[i] = row_scale_apply(rs, v[i], row, sizeof(T) == 2);
+      v[i] = row_scale_apply(rs, v[i], sr, sizeof(T) == 2);
       amax = fmaxf(amax, fabsf(v[i]));
     }
   }
@@ -110,10 +116,11 @@ __global__ void __launch_bounds__(256)
   const int row = blockIdx.x;
   if (!row_valid(rows, row)) return;
   __shared__ float red[8];
-  const T* x = src + int64_t(row) * src_stride;
+  const int sr = src_row(rows, row);
+  const T* x = src + int64_t(sr) * src_stride;
   float amax = 0.0f;
   for (int c = threadIdx.x; c < cols; c += blockDim.x) {
-    amax = fmaxf(amax, fabsf(row_scale_apply(rs, load_as_float<T>(x, c), row, sizeof(T) == 2)));
+    amax = fmaxf(amax, fabsf(row_scale_apply(rs, load_as_float<T>(x, c), sr, sizeof(T) == 2)));
   }
   amax = warp_max(amax);
   if ((threadIdx.x & 31) == 0) red[threadIdx.x >> 5] = amax;
@@ -123,7 +130,7 @@ __global__ void __launch_bounds__(256)
   const float s = fmaxf(amax / kFp8Max, 1.0f / (kFp8Max * 512.0f));
   for (int c = threadIdx.x; c < cols; c += blockDim.x) {
     q[int64_t(row) * q_stride + c] =
-        float_to_e4m3(row_scale_apply(rs, load_as_float<T>(x, c), row, sizeof(T) == 2) / s);
+        float_to_e4m3(row_scale_apply(rs, load_as_float<T>(x, c), sr, sizeof(T) == 2) / s);
   }
   if (threadIdx.x == 0) s_out[row] = s;
 }
@@ -136,11 +143,12 @@ __global__ void __launch_bounds__(256)
                 unsigned int* __restrict__ amax_bits) {
   const int row = blockIdx.x;  // rows on x: the sorted layout can exceed gridDim.y's limit
   if (!row_valid(rows, row)) return;
+  const int sr = src_row(rows, row);
   float amax = 0.0f;
   for (int c = blockIdx.y * blockDim.x + threadIdx.x; c < cols; c += gridDim.y * blockDim.x) {
     amax =
-        fmaxf(amax, fabsf(row_scale_apply(rs, load_as_float<T>(src + int64_t(row) * src_stride, c),
-                                          row, sizeof(T) == 2)));
+        fmaxf(amax, fabsf(row_scale_apply(rs, load_as_float<T>(src + int64_t(sr) * src_stride, c),
+                                          sr, sizeof(T) == 2)));
   }
   amax = warp_max(amax);
   if ((threadIdx.x & 31) == 0) atomicMax(amax_bits, __float_as_uint(amax));
@@ -159,9 +167,10 @@ __global__ void __launch_bounds__(256)
   const float inv = 1.0f / s;  // scaled_fp8_conversion multiplies by the inverse scale
   if (blockIdx.x == 0 && blockIdx.y == 0 && threadIdx.x == 0) s_out[0] = s;
   if (!row_valid(rows, row)) return;
+  const int sr = src_row(rows, row);
   for (int c = blockIdx.y * blockDim.x + threadIdx.x; c < cols; c += gridDim.y * blockDim.x) {
     q[int64_t(row) * q_stride + c] =
-        float_to_e4m3(row_scale_apply(rs, load_as_float<T>(src + int64_t(row) * src_stride, c), row,
+        float_to_e4m3(row_scale_apply(rs, load_as_float<T>(src + int64_t(sr) * src_stride, c), sr,
                                       sizeof(T) == 2) *
                       inv);
   }
