@@ -129,7 +129,8 @@ if [ -n "$NCU_ARGS" ]; then
   # shellcheck disable=SC2086
   timeout 300 ncu --clock-control none -k 'regex:moe_decode_kernel|moe_gemm_wgmma_kernel|moe_gemm_mma_kernel' \
     --section SpeedOfLight --section MemoryWorkloadAnalysis --section WarpStateStats \
-    --section LaunchStats --section Occupancy "$BENCH" --ncu $NCU_ARGS >"$OUT/ncu.log" 2>&1
+    --section LaunchStats --section Occupancy --section SourceCounters --print-details all \
+    "$BENCH" --ncu $NCU_ARGS >"$OUT/ncu.log" 2>&1
   note "ncu: rc=$?"
 fi
 
