@@ -11,7 +11,20 @@
 #include "kernels/cpu/cpu_experts.hpp"
 #include "kernels/ref/ref.hpp"
 
+#ifdef FP8MOE_WITH_CUDA
+#include "kernels/cuda/fused_moe_cuda.hpp"
+#endif
+
 namespace fp8moe {
+
+#ifdef FP8MOE_WITH_CUDA
+namespace {
+// The CUDA module's hooks (Tensor's device allocator, Platform::detect()'s capability query) are
+// installed as soon as the registry is linked in, i.e. wherever a CUDA kernel can be asked for.
+// They only store function pointers; nothing touches the GPU here.
+const bool g_cuda_hooks_installed = (cuda::install_hooks(), true);
+}  // namespace
+#endif
 
 const std::vector<const ExpertsImpl*>& experts_impls() {
   static const std::vector<const ExpertsImpl*> impls = {
@@ -19,7 +32,9 @@ const std::vector<const ExpertsImpl*>& experts_impls() {
       &cpu::cpu_w8a8_experts_impl(),
       &cpu::cpu_w8a16_experts_impl(),
 #ifdef FP8MOE_WITH_CUDA
-  // CUDA kernels (src/kernels/cuda) go here.
+      // CUDA kernels (src/kernels/cuda) go here.
+      &cuda::fused_impl(),
+      &cuda::fused_batched_impl(),
 #endif
   };
   return impls;

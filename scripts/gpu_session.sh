@@ -1,0 +1,149 @@
+#!/usr/bin/env bash
+# One GPU session in a single call on the GPU machine: environment check, build for sm_90a with all
+# cores, the CUDA tests, a compute-sanitizer subset (memcheck, racecheck) and the benchmark, with
+# every log under $OUT (or ./gpu_out) and a short summary printed last.
+#
+#   scripts/gpu_session.sh [--no-tests] [--no-sanitize] [--no-bench] [--bench-args "..."]
+#                          [--tests-filter REGEX] [--ncu "BENCH ARGS"]
+# --ncu runs Nsight Compute (SpeedOfLight, memory, warp stalls) on the fused-MoE kernels of one
+# direct run per configuration of `bench_cuda_moe --ncu BENCH ARGS`, into ncu.log.
+#
+# Dependencies the machine may lack (gtest, fmt, nlohmann_json, CLI11, hwy, benchmark) are taken
+# from a Debian package prefix when one is found at $FP8MOE_DEPS_PREFIX or ../.debs/prefix/usr
+# (see docs/PERFORMANCE.md, "How to run"); CUTLASS headers from $FP8MOE_CUTLASS_INCLUDE or
+# ../.deps/python/cutlass_library/source/include.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+ROOT=$(pwd)
+OUT=${OUT:-$ROOT/gpu_out}
+mkdir -p "$OUT"
+RUN_TESTS=1
+RUN_SAN=1
+RUN_BENCH=1
+BENCH_ARGS=""
+NCU_ARGS=""
+TESTS_FILTER="Cuda"
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --no-tests) RUN_TESTS=0 ;;
+    --no-sanitize) RUN_SAN=0 ;;
+    --no-bench) RUN_BENCH=0 ;;
+    --bench-args) BENCH_ARGS="$2"; shift ;;
+    --tests-filter) TESTS_FILTER="$2"; shift ;;
+    --ncu) NCU_ARGS="$2"; shift ;;
+    *) echo "unknown argument $1"; exit 2 ;;
+  esac
+  shift
+done
+SUMMARY=$OUT/summary.txt
+: >"$SUMMARY"
+note() { echo "$*" | tee -a "$SUMMARY"; }
+T0=$(date +%s)
+stamp() { echo "[$(( $(date +%s) - T0 ))s] $*"; }
+
+# ---- environment ------------------------------------------------------------------------------
+{
+  echo "== environment"
+  nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.mem --format=csv
+  nvcc --version | tail -2
+  cmake --version | head -1
+  ninja --version
+  g++ --version | head -1
+  nproc
+  ls -d /usr/include/gtest /usr/include/fmt /usr/include/nlohmann /usr/include/CLI /usr/include/hwy \
+    /usr/include/benchmark 2>&1
+  command -v compute-sanitizer || ls /usr/local/cuda/bin/compute-sanitizer
+} >"$OUT/build.log" 2>&1
+stamp "environment logged"
+
+PREFIX=${FP8MOE_DEPS_PREFIX:-}
+[ -z "$PREFIX" ] && [ -d "$ROOT/../.debs/prefix/usr" ] && PREFIX=$(cd "$ROOT/../.debs/prefix/usr" && pwd)
+CUTLASS=${FP8MOE_CUTLASS_INCLUDE:-}
+[ -z "$CUTLASS" ] && [ -d "$ROOT/../.deps/python/cutlass_library/source/include" ] &&
+  CUTLASS=$(cd "$ROOT/../.deps/python/cutlass_library/source/include" && pwd)
+[ -z "$CUTLASS" ] && [ -d "$ROOT/.deps/python/cutlass_library/source/include" ] &&
+  CUTLASS="$ROOT/.deps/python/cutlass_library/source/include"
+CMAKE_EXTRA=()
+if [ -n "$PREFIX" ]; then
+  CMAKE_EXTRA+=("-DCMAKE_PREFIX_PATH=$PREFIX" "-DCMAKE_INCLUDE_PATH=$PREFIX/include")
+  export LD_LIBRARY_PATH="$PREFIX/lib/x86_64-linux-gnu:${LD_LIBRARY_PATH:-}"
+fi
+[ -n "$CUTLASS" ] && CMAKE_EXTRA+=("-DFP8MOE_CUTLASS_INCLUDE=$CUTLASS")
+# g++ 13 (the GPU image) does not pull <cstdint> in through the standard headers as g++ 12 does;
+# a few shared headers rely on that, so force it in (host C++ only: nvcc preprocesses .cu twice).
+CMAKE_EXTRA+=("-DCMAKE_CXX_FLAGS=-include cstdint")
+[ -x /usr/local/cuda/bin/nvcc ] && export PATH=/usr/local/cuda/bin:$PATH
+
+# ---- build ------------------------------------------------------------------------------------
+BUILD=$ROOT/build-gpu
+stamp "configure"
+cmake -S . -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=Release -DFP8MOE_WITH_CUDA=ON \
+  "${CMAKE_EXTRA[@]}" >>"$OUT/build.log" 2>&1
+CFG=$?
+stamp "build"
+if [ $CFG -eq 0 ]; then
+  cmake --build "$BUILD" -j "$(nproc)" --target fp8moe_cuda_tests bench_cuda_moe >>"$OUT/build.log" 2>&1
+  BUILD_RC=$?
+else
+  BUILD_RC=$CFG
+fi
+note "build: rc=$BUILD_RC ($(( $(date +%s) - T0 ))s)"
+if [ $BUILD_RC -ne 0 ]; then
+  tail -40 "$OUT/build.log"
+  cat "$SUMMARY"
+  exit 1
+fi
+TESTS=$BUILD/tests/fp8moe_cuda_tests
+BENCH=$BUILD/bench/bench_cuda_moe
+
+# ---- tests ------------------------------------------------------------------------------------
+if [ $RUN_TESTS -eq 1 ]; then
+  stamp "tests"
+  ctest --test-dir "$BUILD" -j 12 --timeout 420 -R "$TESTS_FILTER" --output-on-failure \
+    >"$OUT/tests.log" 2>&1
+  TEST_RC=$?
+  note "tests: rc=$TEST_RC; $(grep -E 'tests passed|tests failed' "$OUT/tests.log" | tail -1)"
+  grep -E '^\s+[0-9]+ - .*\((Failed|Timeout|SEGFAULT|Subprocess)' "$OUT/tests.log" | head -30 |
+    tee -a "$SUMMARY"
+filter='Cases/CudaExact.*' \
+    >>"$OUT/tests.log" 2>&1
+  note "exact cases (all paths), wgmma promoting every 32: rc=$?; $(grep -E '^\[  (PASSED|FAILED)  \]' "$OUT/tests.log" | tail -2 | tr '\n' ' ')"
+fi
+
+# ---- compute-sanitizer subset -------------------------------------------------------------------
+if [ $RUN_SAN -eq 1 ]; then
+  SAN_FILTER='Cases/CudaExact.BitwiseOnEveryPath/block128_M5:Cases/CudaExact.BitwiseOnEveryPath/expert_parallel:Cases/CudaExact.BitwiseOnEveryPath/per_tensor_static:CudaExactBatched.MaskedFormatEntryPoint'
+  for tool in memcheck racecheck; do
+    stamp "compute-sanitizer $tool"
+    timeout 300 compute-sanitizer --tool $tool --error-exitcode 9 "$TESTS" \
+      --gtest_filter="$SAN_FILTER" >"$OUT/sanitizer_$tool.log" 2>&1
+    rc=$?
+    note "sanitizer $tool: rc=$rc; $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY|PASSED|FAILED' \
+      "$OUT/sanitizer_$tool.log" | tr '\n' ' ' | cut -c1-200)"
+  done
+fi
+
+# ---- Nsight Compute ------------------------------------------------------------------------------
+if [ -n "$NCU_ARGS" ]; then
+  stamp "ncu"
+  # shellcheck disable=SC2086
+  timeout 300 ncu --clock-control none -k 'regex:moe_decode_kernel|moe_gemm_wgmma_kernel|moe_gemm_mma_kernel' \
+    --section SpeedOfLight --section MemoryWorkloadAnalysis --section WarpStateStats \
+    --section LaunchStats --section Occupancy --section SourceCounters --print-details all \
+    "$BENCH" --ncu $NCU_ARGS >"$OUT/ncu.log" 2>&1
+  note "ncu: rc=$?"
+fi
+
+# ---- benchmark --------------------------------------------------------------------------------
+if [ $RUN_BENCH -eq 1 ]; then
+  stamp "benchmark"
+  # shellcheck disable=SC2086
+  "$BENCH" --csv "$OUT/bench.csv" $BENCH_ARGS >"$OUT/bench.log" 2>&1
+  note "bench: rc=$?"
+fi
+
+stamp "done"
+echo "=================== summary ==================="
+cat "$SUMMARY"
+[ -f "$OUT/bench.log" ] && sed -n '/== summary/,$p' "$OUT/bench.log" && grep -E '^device|^ceilings' "$OUT/bench.log"
+exit 0

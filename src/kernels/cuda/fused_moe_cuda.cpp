@@ -1,0 +1,644 @@
+// The CUDA fused FP8 MoE: the ExpertsImpl entries "cuda_fused" (TritonExperts contract) and
+// "cuda_fused_batched" (BatchedTritonExperts contract), path selection and the generic path.
+//
+// Generic path, per chunk of <= kTokenChunk tokens, all on args.stream, no host synchronisation and
+// no allocation (graph-capturable):
+//   route (when no topk ids are given) -> moe_align -> quantise x -> GEMM1 (+bias) -> activation
+//   -> quantise h -> GEMM2 (+bias, * router weight) -> top-k sum
+// The decode path (sm90_fp8_moe_decode_persistent.cu) and the wgmma path
+// (sm90_fp8_moe_gemm_wgmma.cu) compute the same function with fewer launches / faster GEMMs.
+#include <fmt/format.h>
+
+#include <atomic>
+#include <cstdlib>
+#include <cstring>
+#include <optional>
+
+#include "fp8moe/error.hpp"
+#include "fp8moe/log.hpp"
+#include "fused_moe_cuda.hpp"
+#include "moe_launchers.hpp"
+#include "moe_paths.hpp"
+#include "moe_problem.hpp"
+#include "moe_tuning.hpp"
+
+namespace fp8moe::cuda {
+
+// ---- paths -------------------------------------------------------------------------------------
+const char* path_name(Path p) {
+  switch (p) {
+    case Path::kAuto:
+      return "auto";
+    case Path::kGeneric:
+      return "generic";
+    case Path::kDecode:
+      return "decode";
+    case Path::kWgmma:
+      return "wgmma";
+  }
+  return "?";
+}
+
+namespace {
+std::atomic<int> g_override{-1};
+
+Path env_path() {
+  static const Path p = [] {
+    const char* v = std::getenv("FP8MOE_CUDA_PATH");
+    if (!v || !*v || std::strcmp(v, "auto") == 0) return Path::kAuto;
+    if (std::strcmp(v, "generic") == 0) return Path::kGeneric;
+    if (std::strcmp(v, "decode") == 0) return Path::kDecode;
+    if (std::strcmp(v, "wgmma") == 0) return Path::kWgmma;
+    throw ValueError(
+        fmt::format("FP8MOE_CUDA_PATH='{}' is not one of auto, generic, decode, wgmma", v));
+  }();
+  return p;
+}
+}  // namespace
+
+void set_path_override(Path p) { g_override.store(static_cast<int>(p)); }
+Path path_override() {
+  const int o = g_override.load();
+  return o >= 0 ? static_cast<Path>(o) : env_path();
+}
+
+std::string path_limit(Path p, const FusedMoeArgs& args) {
+  const std::string why = problem_unsupported(args);
+  if (!why.empty()) return why;
+  const MoeProblem prob = make_problem(args);
+  switch (p) {
+    case Path::kAuto:
+    case Path::kGeneric:
+      return {};
+    case Path::kDecode:
+      return decode_path_limit(prob);
+    case Path::kWgmma:
+      return wgmma_path_limit(prob);
+  }
+  return "unknown path";
+}
+
+namespace {
+std::optional<TunedConfig> lookup(const MoeProblem& p) {
+  TuningKey k;
+  k.device = device_name();
+  k.E = p.E;
+  k.N = p.I;
+  k.K = p.H;
+  k.topk = p.topk;
+  k.scheme = p.scheme;
+  return tuned_config(k, p.M);
+}
+
+Path choose(const MoeProblem& p) {
+  const Path forced = path_override();
+  if (forced != Path::kAuto) return forced;
+  if (const auto cfg = lookup(p)) {
+    const Path t = cfg->path == "decode"  ? Path::kDecode
+                   : cfg->path == "wgmma" ? Path::kWgmma
+                                          : Path::kGeneric;
+    if (t == Path::kGeneric || (t == Path::kDecode && decode_path_limit(p).empty()) ||
+        (t == Path::kWgmma && wgmma_path_limit(p).empty()))
+      return t;
+  }
+  if (decode_path_limit(p).empty() && decode_path_preferred(p)) return Path::kDecode;
+  if (wgmma_path_limit(p).empty() && wgmma_path_preferred(p)) return Path::kWgmma;
+  return Path::kGeneric;
+}
+}  // namespace
+
+Path choose_path(const FusedMoeArgs& args) { return choose(make_problem(args)); }
+
+// ---- generic path ------------------------------------------------------------------------------
+namespace {
+
+// Benchmark hook: launch only the two GEMMs over a workspace a previous run() filled.
+std::atomic<bool> g_gemm_only{false};
+
+// The expert computation over an aligned row layout: quantise x (x_rows rows), GEMM1, activation,
+// quantise h, GEMM2 into y2_out (row = sorted_ids[p]), * router weight when topk_w is given.
+struct ExpertRows {
+  AlignOut al;
+  int32_t num_valid;   // sentinel of sorted_ids
+  int32_t gather_div;  // GEMM1's A row = sorted_ids[p] / gather_div
+  int64_t capacity;
+};
+
+void run_experts(const MoeProblem& p, const void* x, int64_t x_rows, const RowScale& rs,
+                 const ExpertRows& r, const Workspace& L, uint8_t* ws, void* y2_out,
+                 const float* topk_w) {
+  cudaStream_t st = p.stream;
+  const bool gemm_only = g_gemm_only.load();
+  uint8_t* qx = ws + L.qx;
+  float* sx = reinterpret_cast<float*>(ws + L.sx);
+  unsigned* amax = reinterpret_cast<unsigned*>(ws + L.amax);
+  if (!gemm_only) {
+    QuantSpec q;
+    q.kind = p.aq1;
+    q.gk = p.gk;
+    q.ue8m0 = p.ue8m0;
+    q.static_scale = p.a13_scale;
+    q.amax_ws = amax;
+    RowSet rows;
+    rows.num_rows = static_cast<int32_t>(x_rows);
+    launch_quant(q, x, p.x_f32, p.H, rows, rs, static_cast<int>(p.H),
+                 QuantOut{qx, p.H, sx, p.a_scale_cols(p.H, p.aq1)}, st);
+  }
+  const GemmRows gr{r.al.sorted_ids, r.al.expert_blk, r.al.meta, r.num_valid, r.gather_div};
+  auto scale_kind = [](AQuant q) {
+    return static_cast<int32_t>(q == AQuant::kGroupDynamic   ? AScale::kGroup
+                                : q == AQuant::kTokenDynamic ? AScale::kToken
+                                                             : AScale::kTensor);
+  };
+  void* y1 = ws + L.y1;
+  {
+    GemmArgs g;
+    g.rows = gr;
+    g.a_gather = 1;
+    g.a = qx;
+    g.a_stride = p.H;
+    g.a_scale = sx;
+    g.a_scale_kind = scale_kind(p.aq1);
+    g.a_scale_stride = p.a_scale_cols(p.H, p.aq1);
+    g.gk = p.gk;
+    g.w = p.w1;
+    g.N = static_cast<int32_t>(p.N1);
+    g.K = static_cast<int32_t>(p.H);
+    g.out = y1;
+    g.out_f32 = p.x_f32;
+    g.out_stride = p.N1;
+    g.promote_block =
+        p.w1.scale_kind == static_cast<int>(WScale::kBlock) || p.aq1 == AQuant::kGroupDynamic;
+    launch_gemm_mma(g, static_cast<int>(r.capacity), st);
+  }
+  const bool h_f32 = p.x_f32 || p.fused_silu_quant;
+  void* h = ws + L.h;
+  const RowSet srows{r.al.sorted_ids, r.al.meta, static_cast<int32_t>(r.capacity), r.num_valid};
+  if (!gemm_only)
+    launch_activation(y1, p.x_f32, p.N1, srows, static_cast<int>(p.I), p.ap, h, h_f32, p.I, st);
+  uint8_t* qh = ws + L.qh;
+  float* sh = reinterpret_cast<float*>(ws + L.sh);
+  if (!gemm_only) {
+    QuantSpec q;
+    q.kind = p.aq2;
+    q.gk = p.gk;
+    q.ue8m0 = p.ue8m0;
+    q.min_scale = p.fused_silu_quant ? 1.0f / (kFp8Max * 512.0f) : 0.0f;
+    q.static_scale = p.a2_scale;
+    q.amax_ws = amax;
+    launch_quant(q, h, h_f32, p.I, srows, RowScale{}, static_cast<int>(p.I),
+                 QuantOut{qh, p.I, sh, p.a_scale_cols(p.I, p.aq2)}, st);
+  }
+  {
+    GemmArgs g;
+    g.rows = gr;
+    g.a_gather = 0;
+    g.a = qh;
+    g.a_stride = p.I;
+    g.a_scale = sh;
+    g.a_scale_kind = scale_kind(p.aq2);
+    g.a_scale_stride = p.a_scale_cols(p.I, p.aq2);
+    g.gk = p.gk;
+    g.w = p.w2;
+    g.N = static_cast<int32_t>(p.H);
+    g.K = static_cast<int32_t>(p.I);
+    g.out = y2_out;
+    g.out_f32 = p.x_f32;
+    g.out_stride = p.H;
+    g.out_scatter = 1;
+    g.topk_w = topk_w;
+    g.promote_block =
+        p.w2.scale_kind == static_cast<int>(WScale::kBlock) || p.aq2 == AQuant::kGroupDynamic;
+    launch_gemm_mma(g, static_cast<int>(r.capacity), st);
+  }
+}
+
+struct ChunkPtrs {
+  const void* x;
+  void* out;
+  const void* logits;
+  const int32_t* topk_ids;
+  const float* topk_w;
+};
+
+// Routing (when needed) and alignment of one chunk; returns the ids/weights in use.
+ExpertRows route_and_align(const MoeProblem& p, const ChunkPtrs& c, int64_t m, const Workspace& L,
+                           uint8_t* ws, const int32_t** ids_out, const float** tw_out) {
+  cudaStream_t st = p.stream;
+  const int pairs = static_cast<int>(m * p.topk);
+  const int32_t* ids = c.topk_ids;
+  const float* tw = c.topk_w;
+  if (p.route_in_kernel) {
+    int32_t* rid = reinterpret_cast<int32_t*>(ws + L.ids);
+    float* rw = reinterpret_cast<float*>(ws + L.tw);
+    RoutingParams rp = p.rp;
+    rp.logits = c.logits;
+    launch_route(rp, static_cast<int>(m), static_cast<int>(p.E_global), static_cast<int>(p.topk),
+                 rid, rw, st);
+    ids = rid;
+    tw = rw;
+  }
+  ExpertRows r;
+  r.al = AlignOut{reinterpret_cast<int32_t*>(ws + L.sorted), reinterpret_cast<int32_t*>(ws + L.blk),
+                  reinterpret_cast<int32_t*>(ws + L.meta), reinterpret_cast<int32_t*>(ws + L.cnt),
+                  reinterpret_cast<int32_t*>(ws + L.eoff)};
+  r.num_valid = pairs;
+  r.gather_div = static_cast<int32_t>(p.topk);
+  r.capacity = L.capacity;
+  launch_align(ids, pairs, p.expert_map, static_cast<int>(p.E_global), static_cast<int>(p.E),
+               static_cast<int>(L.bm), static_cast<int>(L.capacity), L.fixed_stride, r.al, st);
+  *ids_out = ids;
+  *tw_out = tw;
+  return r;
+}
+
+void run_generic_chunk(const MoeProblem& p, const ChunkPtrs& c, int64_t m, const Workspace& L,
+                       uint8_t* ws) {
+  const int32_t* ids = nullptr;
+  const float* tw = nullptr;
+  const bool gemm_only = g_gemm_only.load();
+  ExpertRows r;
+  if (gemm_only) {  // the rows a previous run() aligned
+    r.al =
+        AlignOut{reinterpret_cast<int32_t*>(ws + L.sorted), reinterpret_cast<int32_t*>(ws + L.blk),
+                 reinterpret_cast<int32_t*>(ws + L.meta), reinterpret_cast<int32_t*>(ws + L.cnt),
+                 reinterpret_cast<int32_t*>(ws + L.eoff)};
+    r.num_valid = static_cast<int32_t>(m * p.topk);
+    r.gather_div = static_cast<int32_t>(p.topk);
+    r.capacity = L.capacity;
+    tw = p.route_in_kernel ? reinterpret_cast<const float*>(ws + L.tw) : c.topk_w;
+  } else {
+    r = route_and_align(p, c, m, L, ws, &ids, &tw);
+  }
+  RowScale rs;
+  if (p.router_on_input) rs.w = tw;
+  void* y2 = ws + L.y2;
+  run_experts(p, c.x, m, rs, r, L, ws, y2, p.router_on_input ? nullptr : tw);
+  if (gemm_only) return;
+  launch_moe_sum(y2, p.x_f32, ids, p.expert_map, static_cast<int>(p.E_global),
+                 static_cast<int>(p.E), static_cast<int>(m), static_cast<int>(p.topk),
+                 static_cast<int>(p.H), c.out, p.x_f32, p.stream);
+}
+
+// Tokens per chunk of the standard and the batched layouts.
+constexpr int64_t kBatchedChunk = 256;
+int64_t chunk_tokens(const MoeProblem& p, bool batched) {
+  return std::min<int64_t>(p.M, batched ? kBatchedChunk : kTokenChunk);
+}
+
+std::size_t generic_workspace(const MoeProblem& p, bool batched) {
+  if (p.M == 0) return 0;
+  return workspace_layout(p, chunk_tokens(p, batched), kGemmBM, batched).total;
+}
+
+void run_generic(const MoeProblem& p, void* workspace, bool batched) {
+  const int64_t C = chunk_tokens(p, batched);
+  const size_t act = p.x_f32 ? 4 : 2;
+  const size_t logit_bytes = p.rp.logits_bf16 ? 2 : 4;
+  for (int64_t c0 = 0; c0 < p.M; c0 += C) {
+    const int64_t m = std::min(C, p.M - c0);
+    const Workspace L = workspace_layout(p, m, kGemmBM, batched);
+    ChunkPtrs c;
+    c.x = static_cast<const uint8_t*>(p.x) + c0 * p.H * act;
+    c.out = static_cast<uint8_t*>(p.out) + c0 * p.H * act;
+    c.logits = p.route_in_kernel
+                   ? static_cast<const uint8_t*>(p.rp.logits) + c0 * p.E_global * logit_bytes
+                   : nullptr;
+    c.topk_ids = p.topk_ids ? p.topk_ids + c0 * p.topk : nullptr;
+    c.topk_w = p.topk_w ? p.topk_w + c0 * p.topk : nullptr;
+    run_generic_chunk(p, c, m, L, static_cast<uint8_t*>(workspace));
+  }
+}
+
+}  // namespace
+
+// ---- wgmma path
+// ----------------------------------------------------------------------------------
+namespace {
+
+// FP8MOE_WGMMA_PROMOTE=32: promote the wgmma partial sums every 32 of K instead of every 128.
+bool wgmma_promote_k32() {
+  static const bool on = [] {
+    const char* v = std::getenv("FP8MOE_WGMMA_PROMOTE");
+    return v && std::strcmp(v, "32") == 0;
+  }();
+  return on;
+}
+
+void run_wgmma_chunk(const MoeProblem& p, const ChunkPtrs& c, int64_t m, const Workspace& L,
+                     uint8_t* ws) {
+  cudaStream_t st = p.stream;
+  const bool gemm_only = g_gemm_only.load();
+  const int32_t* ids = nullptr;
+  const float* tw = nullptr;
+  ExpertRows r;
+  if (gemm_only) {
+    r.al =
+        AlignOut{reinterpret_cast<int32_t*>(ws + L.sorted), reinterpret_cast<int32_t*>(ws + L.blk),
+                 reinterpret_cast<int32_t*>(ws + L.meta), reinterpret_cast<int32_t*>(ws + L.cnt),
+                 reinterpret_cast<int32_t*>(ws + L.eoff)};
+    r.num_valid = static_cast<int32_t>(m * p.topk);
+    r.gather_div = static_cast<int32_t>(p.topk);
+    r.capacity = L.capacity;
+    tw = p.route_in_kernel ? reinterpret_cast<const float*>(ws + L.tw) : c.topk_w;
+  } else {
+    r = route_and_align(p, c, m, L, ws, &ids, &tw);
+  }
+  // x quantised straight into the sorted layout (row p = token sorted_ids[p] / topk), so GEMM1's
+  // A operand is contiguous and loads with TMA
+  uint8_t* qx = ws + L.qxs;
+  float* sx = reinterpret_cast<float*>(ws + L.sxs);
+  if (!gemm_only) {
+    QuantSpec q;
+    q.kind = p.aq1;
+    q.gk = p.gk;
+    q.ue8m0 = p.ue8m0;
+    q.static_scale = p.a13_scale;
+    q.amax_ws = reinterpret_cast<unsigned*>(ws + L.amax);
+    RowSet rows{r.al.sorted_ids, r.al.meta, static_cast<int32_t>(r.capacity), r.num_valid,
+                static_cast<int32_t>(p.topk)};
+    RowScale rs;
+    if (p.router_on_input) rs.w = tw;
+    launch_quant(q, c.x, p.x_f32, p.H, rows, rs, static_cast<int>(p.H),
+                 QuantOut{qx, p.H, sx, p.a_scale_cols(p.H, p.aq1)}, st);
+  }
+  const GemmRows gr{r.al.sorted_ids, r.al.expert_blk, r.al.meta, r.num_valid, r.gather_div};
+  const bool block = p.w1.scale_kind == static_cast<int>(WScale::kBlock);
+  auto scale_kind = [](AQuant q) {
+    return static_cast<int32_t>(q == AQuant::kGroupDynamic   ? AScale::kGroup
+                                : q == AQuant::kTokenDynamic ? AScale::kToken
+                                                             : AScale::kTensor);
+  };
+  uint8_t* qh = ws + L.qh;
+  float* sh = reinterpret_cast<float*>(ws + L.sh);
+  {
+    WgArgs g;
+    g.rows = gr;
+    g.a = qx;
+    g.a_stride = p.H;
+    g.a_scale = sx;
+    g.a_scale_kind = scale_kind(p.aq1);
+    g.a_scale_stride = p.a_scale_cols(p.H, p.aq1);
+    g.w = p.w1;
+    g.N = static_cast<int32_t>(p.N1);
+    g.K = static_cast<int32_t>(p.H);
+    g.I = static_cast<int32_t>(p.I);
+    g.rows_total = p.E * p.N1;
+    g.a_rows = r.capacity;
+    g.block = block;
+    g.promote_k32 = wgmma_promote_k32();
+    g.gk = p.gk;
+    g.qh = qh;
+    g.sh = sh;
+    g.sh_stride = p.a_scale_cols(p.I, p.aq2);
+    g.aq2 = static_cast<int32_t>(p.aq2);
+    g.a2_scale = p.a2_scale;
+    g.min_scale2 = p.fused_silu_quant ? 1.0f / (kFp8Max * 512.0f) : 0.0f;
+    g.ue8m0 = p.ue8m0;
+    g.ap = p.ap;
+    launch_gemm_wgmma(g, false, static_cast<int>(r.capacity), st);
+  }
+  void* y2 = ws + L.y2;
+  {
+    WgArgs g;
+    g.rows = gr;
+    g.a = qh;
+    g.a_stride = p.I;
+    g.a_scale = p.aq2 == AQuant::kGroupDynamic ? sh : p.a2_scale;
+    g.a_scale_kind = scale_kind(p.aq2);
+    g.a_scale_stride = p.a_scale_cols(p.I, p.aq2);
+    g.w = p.w2;
+    g.N = static_cast<int32_t>(p.H);
+    g.K = static_cast<int32_t>(p.I);
+    g.I = static_cast<int32_t>(p.I);
+    g.rows_total = p.E * p.H;
+    g.a_rows = r.capacity;
+    g.block = block;
+    g.promote_k32 = wgmma_promote_k32();
+    g.gk = p.gk;
+    g.y2 = static_cast<uint16_t*>(y2);
+    g.topk_w = p.router_on_input ? nullptr : tw;
+    launch_gemm_wgmma(g, true, static_cast<int>(r.capacity), st);
+  }
+  if (gemm_only) return;
+  launch_moe_sum(y2, false, ids, p.expert_map, static_cast<int>(p.E_global), static_cast<int>(p.E),
+                 static_cast<int>(m), static_cast<int>(p.topk), static_cast<int>(p.H), c.out, false,
+                 st);
+}
+
+}  // namespace
+
+bool wgmma_path_preferred(const MoeProblem& p) { return p.M > 32; }
+
+std::size_t wgmma_workspace(const MoeProblem& p) {
+  if (p.M == 0 || !wgmma_path_limit(p).empty()) return 0;
+  return workspace_layout(p, chunk_tokens(p, false), kGemmBM, false, true).total;
+}
+
+void run_wgmma(const MoeProblem& p, void* workspace) {
+  const int64_t C = chunk_tokens(p, false);
+  const size_t logit_bytes = p.rp.logits_bf16 ? 2 : 4;
+  for (int64_t c0 = 0; c0 < p.M; c0 += C) {
+    const int64_t m = std::min(C, p.M - c0);
+    const Workspace L = workspace_layout(p, m, kGemmBM, false, true);
+    ChunkPtrs c;
+    c.x = static_cast<const uint8_t*>(p.x) + c0 * p.H * 2;
+    c.out = static_cast<uint8_t*>(p.out) + c0 * p.H * 2;
+    c.logits = p.route_in_kernel
+                   ? static_cast<const uint8_t*>(p.rp.logits) + c0 * p.E_global * logit_bytes
+                   : nullptr;
+    c.topk_ids = p.topk_ids ? p.topk_ids + c0 * p.topk : nullptr;
+    c.topk_w = p.topk_w ? p.topk_w + c0 * p.topk : nullptr;
+    run_wgmma_chunk(p, c, m, L, static_cast<uint8_t*>(workspace));
+  }
+}
+
+// ---- ExpertsImpl entries -----------------------------------------------------------------------
+namespace {
+
+Support supports_config(const MoeConfig& config, const std::optional<QuantKey>& wk,
+                        const std::optional<QuantKey>& ak) {
+  switch (config.activation) {
+    case MoeActivation::kRelu2:
+      return Support::no(fmt::format("cuda_fused does not implement the {} activation",
+                                     activation_repr(config.activation)));
+    default:
+      break;
+  }
+  if (!wk || !ak)
+    return Support::no("cuda_fused runs FP8 weights with FP8 activations only (no W16A16)");
+  if (wk->dtype != KeyDType::kF8E4M3FN || ak->dtype != KeyDType::kF8E4M3FN)
+    return Support::no("cuda_fused runs float8_e4m3fn weights and activations only");
+  if (wk->scale.dtype != KeyDType::kF32 || ak->scale.dtype != KeyDType::kF32)
+    return Support::no("cuda_fused takes f32 scales only (no MXFP8 e8m0 scales)");
+  const GroupShape ag = ak->scale.group_shape;
+  if (ag.is_per_group() && ag.col != 32 && ag.col != 64 && ag.col != 128)
+    return Support::no(
+        fmt::format("cuda_fused quantises activations in groups of 32, 64 or 128, not {}", ag.col));
+  const GroupShape wg = wk->scale.group_shape;
+  if (wg.row > 1 && wg.col > 1 && wg.col % 32 != 0)
+    return Support::no(
+        fmt::format("cuda_fused needs weight block_k a multiple of 32, not {}", wg.col));
+  if (config.num_experts > 1024) return Support::no("cuda_fused routes at most 1024 experts");
+  return Support::yes();
+}
+
+bool available() { return device_capability() >= 89 && kernels_available(); }
+
+std::size_t workspace_size(const FusedMoeArgs& args) {
+  const MoeProblem p = make_problem(args);
+  std::size_t n = generic_workspace(p, false);
+  n = std::max(n, decode_workspace(p));
+  n = std::max(n, wgmma_workspace(p));
+  return n;
+}
+
+void run(const FusedMoeArgs& args, void* workspace) {
+  install_hooks();
+  MoeProblem p = make_problem(args);
+  if (p.M > 0 && path_override() == Path::kAuto) {
+    if (const auto cfg = lookup(p)) p.decode_rb2 = cfg->rb2;
+  }
+  if (p.M == 0) return;
+  if (!workspace) throw ValueError("cuda_fused: workspace is null (see workspace_size)");
+  const Path path = choose(p);
+  switch (path) {
+    case Path::kDecode: {
+      const std::string why = decode_path_limit(p);
+      if (!why.empty()) throw NotImplementedError("cuda_fused decode path: " + why);
+      run_decode(p, workspace);
+      return;
+    }
+    case Path::kWgmma: {
+      const std::string why = wgmma_path_limit(p);
+      if (!why.empty()) throw NotImplementedError("cuda_fused wgmma path: " + why);
+      run_wgmma(p, workspace);
+      return;
+    }
+    default:
+      run_generic(p, workspace, false);
+  }
+}
+
+std::size_t batched_workspace(const FusedMoeArgs& args) {
+  return generic_workspace(make_problem(args), true);
+}
+
+// BatchedTritonExperts: the tokens of each expert go to that expert's own block of rows (the
+// batched activation format), then the same kernels run. Same function as the standard layout.
+void run_batched(const FusedMoeArgs& args, void* workspace) {
+  install_hooks();
+  const MoeProblem p = make_problem(args);
+  if (p.M == 0) return;
+  if (!workspace) throw ValueError("cuda_fused_batched: workspace is null (see workspace_size)");
+  run_generic(p, workspace, true);
+}
+
+}  // namespace
+
+namespace {
+// Workspace of run_batched_experts: the external (E, T, H) rows map onto E * round_up(T, bm)
+// internal rows.
+Workspace external_batched_layout(const MoeProblem& p, int64_t T) {
+  Workspace L;
+  L.bm = kGemmBM;
+  L.m = p.E * T;
+  L.capacity = p.E * round_up(T, kGemmBM);
+  const bool h_f32 = p.x_f32 || p.fused_silu_quant;
+  std::size_t off = 0;
+  auto take = [&](std::size_t bytes) {
+    const std::size_t at = off;
+    off += (bytes + 255) / 256 * 256;
+    return at;
+  };
+  L.qx = take(L.m * p.H);
+  L.sx = take(std::max<int64_t>(1, L.m * p.a_scale_cols(p.H, p.aq1)) * 4);
+  L.sorted = take(L.capacity * 4);
+  L.blk = take(L.capacity / kGemmBM * 4);
+  L.meta = take(16);
+  L.y1 = take(L.capacity * p.N1 * (p.x_f32 ? 4 : 2));
+  L.h = take(L.capacity * p.I * (h_f32 ? 4 : 2));
+  L.qh = take(L.capacity * p.I);
+  L.sh = take(std::max<int64_t>(1, L.capacity * p.a_scale_cols(p.I, p.aq2)) * 4);
+  L.amax = take(16);
+  L.total = off;
+  return L;
+}
+
+MoeProblem external_batched_problem(const FusedMoeArgs& args, const BatchedExpertsArgs& b) {
+  MoeProblem p = make_problem(args);
+  if (!b.x.defined() || b.x.ndim != 3 || b.x.size(0) != p.E || b.x.size(2) != p.H ||
+      b.x.dtype != args.x.dtype || !b.x.device.is_cuda())
+    throw ValueError(fmt::format("batched x {} must be ({}, T, {}) {} on the GPU", b.x.describe(),
+                                 p.E, p.H, dtype_name(args.x.dtype)));
+  if (!b.out.defined() || b.out.sizes() != b.x.sizes() || b.out.dtype != b.x.dtype ||
+      !b.out.device.is_cuda())
+    throw ValueError(
+        fmt::format("batched out {} must match x {}", b.out.describe(), b.x.describe()));
+  if (!b.expert_num_tokens.defined() || b.expert_num_tokens.dtype != DType::kI32 ||
+      b.expert_num_tokens.numel() != p.E || !b.expert_num_tokens.device.is_cuda())
+    throw ValueError(fmt::format("expert_num_tokens {} must be ({}) i32 on the GPU",
+                                 b.expert_num_tokens.describe(), p.E));
+  p.topk = 1;
+  p.M = p.E * b.x.size(1);
+  p.router_on_input = false;
+  return p;
+}
+}  // namespace
+
+std::size_t batched_workspace_size(const FusedMoeArgs& args, const BatchedExpertsArgs& b) {
+  const MoeProblem p = external_batched_problem(args, b);
+  return external_batched_layout(p, b.x.size(1)).total;
+}
+
+void run_batched_experts(const FusedMoeArgs& args, const BatchedExpertsArgs& b, void* workspace) {
+  install_hooks();
+  const MoeProblem p = external_batched_problem(args, b);
+  const int64_t T = b.x.size(1);
+  if (T == 0 || p.E == 0) return;
+  if (!workspace) throw ValueError("run_batched_experts: workspace is null");
+  const Workspace L = external_batched_layout(p, T);
+  uint8_t* ws = static_cast<uint8_t*>(workspace);
+  ExpertRows r;
+  r.al = AlignOut{reinterpret_cast<int32_t*>(ws + L.sorted), reinterpret_cast<int32_t*>(ws + L.blk),
+                  reinterpret_cast<int32_t*>(ws + L.meta), nullptr, nullptr};
+  r.num_valid = static_cast<int32_t>(p.E * T);
+  r.gather_div = 1;
+  r.capacity = L.capacity;
+  launch_batched_rows(static_cast<const int32_t*>(b.expert_num_tokens.data), static_cast<int>(p.E),
+                      static_cast<int>(T), static_cast<int>(round_up(T, kGemmBM)), kGemmBM, r.al,
+                      p.stream);
+  run_experts(p, b.x.data, p.M, RowScale{}, r, L, ws, b.out.data, nullptr);
+}
+
+void set_bench_gemm_only(bool on) { g_gemm_only.store(on); }
+
+const ExpertsImpl& fused_impl() {
+  static const ExpertsImpl impl = [] {
+    ExpertsImpl i;
+    i.name = "cuda_fused";
+    i.device = DeviceKind::kCuda;
+    i.supports_config = supports_config;
+    i.available = available;
+    i.workspace_size = workspace_size;
+    i.run = run;
+    return i;
+  }();
+  return impl;
+}
+
+const ExpertsImpl& fused_batched_impl() {
+  static const ExpertsImpl impl = [] {
+    ExpertsImpl i;
+    i.name = "cuda_fused_batched";
+    i.device = DeviceKind::kCuda;
+    i.supports_config = supports_config;
+    i.available = available;
+    i.workspace_size = batched_workspace;
+    i.run = run_batched;
+    return i;
+  }();
+  return impl;
+}
+
+}  // namespace fp8moe::cuda

@@ -1,0 +1,42 @@
+// Host launchers of the generic-path kernels (one .cu each, same stem as the kernel's .cuh). All
+// are asynchronous on `stream`, allocate nothing and check the launch. Plain C++ (no device code).
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include "moe_params.hpp"
+
+namespace fp8moe::cuda {
+
+void launch_route(const RoutingParams& rp, int M, int E, int topk, int32_t* ids, float* w,
+                  cudaStream_t stream);
+
+void launch_align(const int32_t* topk_ids, int num_valid, const int32_t* expert_map, int E_global,
+                  int E_local, int bm, int capacity, int fixed_stride, const AlignOut& out,
+                  cudaStream_t stream);
+
+void launch_batched_rows(const int32_t* counts, int E_local, int T, int T_pad, int bm,
+                         const AlignOut& out, cudaStream_t stream);
+
+void launch_quant(const QuantSpec& spec, const void* src, bool src_f32, int64_t src_stride,
+                  const RowSet& rows, const RowScale& rs, int cols, const QuantOut& out,
+                  cudaStream_t stream);
+
+void launch_activation(const void* y1, bool y1_f32, int64_t y1_stride, const RowSet& rows, int I,
+                       const ActParams& ap, void* h, bool h_f32, int64_t h_stride,
+                       cudaStream_t stream);
+
+// Tile size along K of the generic GEMM for a scheme (min(128, bk, gk) for block schemes).
+int gemm_mma_bk(const GemmArgs& a);
+void launch_gemm_mma(const GemmArgs& a, int capacity, cudaStream_t stream);
+
+// wgmma grouped GEMM (sm_90a): GEMM1 with the fused activation + quantisation epilogue, or GEMM2
+// with bias, router weight and the scatter to (token, slot) rows. `tm_w` is the weight tensor map
+// (make_weight_tma_wgmma).
+void launch_gemm_wgmma(const WgArgs& a, bool gemm2, int capacity, cudaStream_t stream);
+
+void launch_moe_sum(const void* y2, bool y2_f32, const int32_t* topk_ids, const int32_t* expert_map,
+                    int E_global, int E_local, int M, int topk, int H, void* out, bool out_f32,
+                    cudaStream_t stream);
+
+}  // namespace fp8moe::cuda

@@ -1,0 +1,24 @@
+// The fast paths of the CUDA fused MoE, as the dispatcher (fused_moe_cuda.cu) sees them: a limit
+// check ("" = can run), a preference (the tuned table / heuristic), the workspace, the run.
+#pragma once
+
+#include <cstddef>
+#include <string>
+
+#include "moe_problem.hpp"
+
+namespace fp8moe::cuda {
+
+// One persistent kernel for small batches (sm90_fp8_moe_decode_persistent.cu).
+std::string decode_path_limit(const MoeProblem& p);
+bool decode_path_preferred(const MoeProblem& p);
+std::size_t decode_workspace(const MoeProblem& p);
+void run_decode(const MoeProblem& p, void* workspace);
+
+// wgmma + TMA grouped GEMMs for large batches (sm90_fp8_moe_gemm_wgmma.cu).
+std::string wgmma_path_limit(const MoeProblem& p);
+bool wgmma_path_preferred(const MoeProblem& p);
+std::size_t wgmma_workspace(const MoeProblem& p);
+void run_wgmma(const MoeProblem& p, void* workspace);
+
+}  // namespace fp8moe::cuda

@@ -1,0 +1,69 @@
+// The fused MoE call as the CUDA paths see it: FusedMoeArgs checked and flattened into sizes,
+// kernel-side scale/activation descriptors and raw pointers (MoeProblem), and the workspace layout
+// of one token chunk (Workspace). Shared by every path's host code.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+
+#include <cuda_runtime_api.h>
+
+#include "fp8moe/fused_moe.hpp"
+#include "moe_params.hpp"
+
+namespace fp8moe::cuda {
+
+// Tokens per chunk: larger batches run chunk by chunk, so the workspace stays bounded (vLLM's
+// VLLM_FUSED_MOE_CHUNK_SIZE plays the same role).
+constexpr int64_t kTokenChunk = 8192;
+
+struct MoeProblem {
+  int64_t M = 0, H = 0, I = 0, N1 = 0, E = 0, E_global = 0, topk = 0;
+  bool x_f32 = false;  // f32 activations: intermediates are f32 too
+  bool gated = true;
+  bool router_on_input = false;
+  bool route_in_kernel = false;
+  const void* x = nullptr;
+  void* out = nullptr;
+  const int32_t* topk_ids = nullptr;  // when routing is given
+  const float* topk_w = nullptr;
+  const int32_t* expert_map = nullptr;
+  RoutingParams rp{};
+  WeightSide w1{}, w2{};
+  AQuant aq1 = AQuant::kGroupDynamic;  // GEMM1 input
+  AQuant aq2 = AQuant::kGroupDynamic;  // GEMM2 input (the intermediate)
+  int gk = 128;
+  bool ue8m0 = false;
+  bool fused_silu_quant = false;
+  const float* a13_scale = nullptr;
+  const float* a2_scale = nullptr;
+  ActParams ap{};
+  cudaStream_t stream = nullptr;
+  std::string scheme;  // MoeScheme::str(), the tuning table's key
+  int decode_rb2 = 0;  // tuned GEMM2 item size of the decode path (0: heuristic)
+
+  // scale columns per activation row (group: cols / gk; token: 1; tensor: 0)
+  int64_t a_scale_cols(int64_t cols, AQuant q) const {
+    return q == AQuant::kGroupDynamic ? cols / gk : (q == AQuant::kTokenDynamic ? 1 : 0);
+  }
+};
+
+// Checks args (beyond validate_fused_moe_args: what this implementation computes) and flattens
+// them. Throws ValueError / NotImplementedError naming the problem.
+MoeProblem make_problem(const FusedMoeArgs& args);
+// Why this implementation cannot compute args ("" when it can); never throws.
+std::string problem_unsupported(const FusedMoeArgs& args);
+
+// Workspace of one chunk of `m` tokens with M tiles of `bm` rows (generic and wgmma paths).
+struct Workspace {
+  int64_t m = 0, bm = 64, capacity = 0;
+  int fixed_stride = 0;  // > 0: batched layout (rows per expert)
+  std::size_t ids = 0, tw = 0, sorted = 0, blk = 0, meta = 0, cnt = 0, eoff = 0, qx = 0, sx = 0,
+              y1 = 0, h = 0, qh = 0, sh = 0, y2 = 0, amax = 0, total = 0;
+  std::size_t qxs = 0, sxs = 0;  // x quantised in the sorted layout (wgmma path)
+};
+Workspace workspace_layout(const MoeProblem& p, int64_t m, int64_t bm, bool batched = false,
+                           bool sorted_x = false);
+
+}  // namespace fp8moe::cuda

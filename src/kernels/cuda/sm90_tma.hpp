@@ -1,0 +1,28 @@
+// TMA descriptors (cuTensorMapEncodeTiled through the runtime's driver entry point).
+#pragma once
+
+#include <cstdint>
+
+#include "cuda_check.hpp"
+
+namespace fp8moe::cuda {
+
+// A 2D byte tensor (outer rows of `inner` bytes, row stride = inner) read in boxes of
+// box_outer rows x box_inner bytes with the 128-byte swizzle (box_inner must be <= 128).
+inline CUtensorMap make_tma_2d_u8(const void* base, int64_t inner, int64_t outer, int box_inner,
+                                  int box_outer, bool swizzle128 = true) {
+  CUtensorMap m{};
+  const cuuint64_t dims[2] = {static_cast<cuuint64_t>(inner), static_cast<cuuint64_t>(outer)};
+  const cuuint64_t strides[1] = {static_cast<cuuint64_t>(inner)};
+  const cuuint32_t box[2] = {static_cast<cuuint32_t>(box_inner),
+                             static_cast<cuuint32_t>(box_outer)};
+  const cuuint32_t elem[2] = {1, 1};
+  FP8MOE_CU_CHECK(
+      tensor_map_encoder()(&m, CU_TENSOR_MAP_DATA_TYPE_UINT8, 2, const_cast<void*>(base), dims,
+                           strides, box, elem, CU_TENSOR_MAP_INTERLEAVE_NONE,
+                           swizzle128 ? CU_TENSOR_MAP_SWIZZLE_128B : CU_TENSOR_MAP_SWIZZLE_NONE,
+                           CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE));
+  return m;
+}
+
+}  // namespace fp8moe::cuda

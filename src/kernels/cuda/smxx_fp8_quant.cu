@@ -1,0 +1,91 @@
+// Launchers of the activation quantisers and the activation kernel (smxx_fp8_quant.cuh).
+#include "moe_launchers.hpp"
+#include "smxx_fp8_quant.cuh"
+
+namespace fp8moe::cuda {
+
+namespace {
+
+template <typename T>
+void quant_typed(const QuantSpec& spec, const T* src, int64_t src_stride, const RowSet& rows,
+                 const RowScale& rs, int cols, const QuantOut& out, cudaStream_t stream) {
+  if (rows.num_rows == 0 || cols == 0) return;
+  switch (spec.kind) {
+    case AQuant::kGroupDynamic: {
+      const int64_t threads = int64_t(rows.num_rows) * (cols / 8);
+      const unsigned blocks = static_cast<unsigned>(ceil_div(threads, 256));
+#define FP8MOE_QG(G)                                                                           \
+  quant_group_kernel<T, G><<<blocks, 256, 0, stream>>>(src, src_stride, rows, rs, cols, out.q, \
+                                                       out.q_stride, out.s, out.s_stride,      \
+                                                       spec.ue8m0 ? 1 : 0, spec.min_scale)
+      if (spec.gk == 128)
+        FP8MOE_QG(128);
+      else if (spec.gk == 64)
+        FP8MOE_QG(64);
+      else if (spec.gk == 32)
+        FP8MOE_QG(32);
+      else
+        throw NotImplementedError("cuda_fused: activation group size must be 32, 64 or 128");
+#undef FP8MOE_QG
+      break;
+    }
+    case AQuant::kTokenDynamic:
+      quant_token_kernel<T><<<rows.num_rows, 256, 0, stream>>>(src, src_stride, rows, rs, cols,
+                                                               out.q, out.q_stride, out.s);
+      break;
+    case AQuant::kTensorStatic:
+    case AQuant::kTensorDynamic: {
+      const dim3 grid(rows.num_rows,
+                      static_cast<unsigned>(std::min<int64_t>(ceil_div(cols, 256), 64)));
+      if (spec.kind == AQuant::kTensorDynamic) {
+        FP8MOE_CUDA_CHECK(cudaMemsetAsync(spec.amax_ws, 0, sizeof(unsigned int), stream));
+        amax_kernel<T><<<grid, 256, 0, stream>>>(src, src_stride, rows, rs, cols, spec.amax_ws);
+        FP8MOE_CUDA_CHECK_LAUNCH();
+      }
+      quant_tensor_kernel<T><<<grid, 256, 0, stream>>>(
+          src, src_stride, rows, rs, cols, out.q, out.q_stride,
+          spec.kind == AQuant::kTensorStatic ? spec.static_scale : nullptr, spec.amax_ws, out.s);
+      break;
+    }
+  }
+  FP8MOE_CUDA_CHECK_LAUNCH();
+}
+
+}  // namespace
+
+void launch_quant(const QuantSpec& spec, const void* src, bool src_f32, int64_t src_stride,
+                  const RowSet& rows, const RowScale& rs, int cols, const QuantOut& out,
+                  cudaStream_t stream) {
+  if (src_f32) {
+    quant_typed<float>(spec, static_cast<const float*>(src), src_stride, rows, rs, cols, out,
+                       stream);
+  } else {
+    quant_typed<uint16_t>(spec, static_cast<const uint16_t*>(src), src_stride, rows, rs, cols, out,
+                          stream);
+  }
+}
+
+void launch_activation(const void* y1, bool y1_f32, int64_t y1_stride, const RowSet& rows, int I,
+                       const ActParams& ap, void* h, bool h_f32, int64_t h_stride,
+                       cudaStream_t stream) {
+  if (rows.num_rows == 0) return;
+  const dim3 grid(rows.num_rows, static_cast<unsigned>(std::min<int64_t>(ceil_div(I, 256), 32)));
+#define FP8MOE_ACT(TI, TO)                                                                         \
+  activation_kernel<TI, TO><<<grid, 256, 0, stream>>>(static_cast<const TI*>(y1), y1_stride, rows, \
+                                                      I, ap, static_cast<TO*>(h), h_stride)
+  if (y1_f32) {
+    if (h_f32)
+      FP8MOE_ACT(float, float);
+    else
+      FP8MOE_ACT(float, uint16_t);
+  } else {
+    if (h_f32)
+      FP8MOE_ACT(uint16_t, float);
+    else
+      FP8MOE_ACT(uint16_t, uint16_t);
+  }
+#undef FP8MOE_ACT
+  FP8MOE_CUDA_CHECK_LAUNCH();
+}
+
+}  // namespace fp8moe::cuda

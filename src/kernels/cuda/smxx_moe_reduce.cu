@@ -1,0 +1,31 @@
+// Launcher of the top-k reduction (smxx_moe_reduce.cuh).
+#include "moe_launchers.hpp"
+#include "smxx_moe_reduce.cuh"
+
+namespace fp8moe::cuda {
+
+void launch_moe_sum(const void* y2, bool y2_f32, const int32_t* topk_ids, const int32_t* expert_map,
+                    int E_global, int E_local, int M, int topk, int H, void* out, bool out_f32,
+                    cudaStream_t stream) {
+  if (M == 0) return;
+  const dim3 grid(M, static_cast<unsigned>(ceil_div(H, 256 * 8)));
+#define FP8MOE_SUM(TY, TO)                                                                    \
+  moe_sum_kernel<TY, TO><<<grid, 256, 0, stream>>>(static_cast<const TY*>(y2), topk_ids,      \
+                                                   expert_map, E_global, E_local, M, topk, H, \
+                                                   static_cast<TO*>(out))
+  if (y2_f32) {
+    if (out_f32)
+      FP8MOE_SUM(float, float);
+    else
+      FP8MOE_SUM(float, uint16_t);
+  } else {
+    if (out_f32)
+      FP8MOE_SUM(uint16_t, float);
+    else
+      FP8MOE_SUM(uint16_t, uint16_t);
+  }
+#undef FP8MOE_SUM
+  FP8MOE_CUDA_CHECK_LAUNCH();
+}
+
+}  // namespace fp8moe::cuda
