@@ -12,6 +12,7 @@
 //   VLLM_HUMMING_MOE_GEMM_TYPE: the string or None.
 #pragma once
 
+#include <cstdint>
 #include <map>
 #include <optional>
 #include <string>
