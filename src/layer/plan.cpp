@@ -471,7 +471,13 @@ Fp8MoeLayerPlan plan_fp8_moe_layer(const Fp8MoeLayerSpec& spec, const Fp8MoeLaye
       return p;
     }
     if (primary->supports_config) {
-      const Support s = primary->supports_config(cfg, p.weight_key, p.activation_key);
+      // The activation key the kernel is asked to compute is the quant config's, not the
+      // checkpoint's: make_fp8_moe_quant_config builds fp8_w8a16 for MARLIN and CPU, so
+      // `--kernel cpu_w8a16` on a W8A8 checkpoint runs activations unquantised, as vLLM's CPU
+      // backend does.
+      const std::optional<QuantKey> ak =
+          p.scheme.act == ActQuantKind::kNone ? std::nullopt : p.activation_key;
+      const Support s = primary->supports_config(cfg, p.weight_key, ak);
       if (!s) {
         record_error(p, "implementation", "NotImplementedError",
                      fmt::format("fp8moe's {} kernel does not support this layer: {}", opt.kernel,

@@ -216,6 +216,26 @@ def main():
         check(np.array_equal(t2["out"].view(np.uint16), t["out"].view(np.uint16)),
               "--input reproduces the output bit for bit")
 
+        # Every CPU kernel of this build on the same input: run --check agrees with the reference.
+        # cpu_w8a8 computes the checkpoint's W8A8 scheme bit for bit as the reference does;
+        # cpu_w8a16 is vLLM's CPU backend: make_fp8_moe_quant_config builds fp8_w8a16 for it, so
+        # the activations stay unquantised (its own reference run, within vLLM's tolerance).
+        for kernel, act, qname in (("cpu_w8a8", "group128", "fp8_w8a8"),
+                                   ("cpu_w8a16", "none", "fp8_w8a16")):
+            p = run(["run", d, "--kernel", kernel, "--input", in_file, "--check", "--json",
+                     "--reps", "1"])
+            j = json.loads(p.stdout)
+            check(j["ok"], f"run --kernel {kernel} --check passes")
+            rk = j["ranks"][0]
+            check(rk["check"]["vs_reference"]["allclose"], f"{kernel} agrees with the reference")
+            if kernel == "cpu_w8a8":
+                check(rk["check"]["vs_reference"]["bitwise_equal"],
+                      "cpu_w8a8 equals the reference bit for bit")
+            check(j["plan"]["scheme"].endswith("a:" + act) and j["plan"]["quant_config_name"] == qname,
+                  f"{kernel} plans {qname} with activations {act}: {j['plan']['scheme']}")
+            print(f"--kernel {kernel}: vs reference max |err| "
+                  f"{rk['check']['vs_reference'].get('max_abs_err')}")
+
         # TP 2: 384 / 2 = 192 rows per rank refine 128x128 to 64x64; every rank summed vs TP 1.
         p = run(["run", d, "--kernel", "ref", "--tp", "2", "--rank", "all", "--check", "--json",
                  "--tokens", "9", "--reps", "1"])
