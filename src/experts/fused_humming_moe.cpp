@@ -15,6 +15,10 @@ bool device(const ExpertsContext& c) {
   return p.has(Feature::kHumming) && p.is_cuda() && p.has_device_capability(75);
 }
 bool no_act_and_mul(const ExpertsContext&) { return true; }
+// vLLM's fused_humming_moe.py spells the activations out instead of calling
+// apply_moe_activation_supported (spec/oracle.md §2.3 summarises it that way): the explicit list
+// has no SITU. fp8moe follows the source; tests/py/oracle_model.py (HummingExpertsBase) records the
+// same reading, so the differential test does not decide it: this is a deliberate choice.
 bool activation(MoeActivation a, const ExpertsContext&) {
   return in_acts(a,
                  {MoeActivation::kSilu, MoeActivation::kGelu, MoeActivation::kGeluTanh,
