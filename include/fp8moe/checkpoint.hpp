@@ -18,6 +18,7 @@
 #include <string>
 #include <string_view>
 #include <vector>
+#include <utility>
 
 #include "fp8moe/config.hpp"
 #include "fp8moe/dtype.hpp"
@@ -122,6 +123,14 @@ class SafetensorsWriter {
   std::vector<Entry> entries_;
   std::map<std::string, std::string> metadata_;
 };
+
+// model.safetensors.index.json parsed and validated without touching the file system: the
+// (tensor, shard file) pairs of "weight_map" in file order. FormatError (naming `index_path`) for
+// invalid JSON, a missing/empty/non-object weight_map, a non-string entry, or a shard name that is
+// not a relative file name inside the model folder ("/abs", "../x", "a//b", ""), and a
+// "metadata" that is not an object or whose total_size is not a number.
+std::vector<std::pair<std::string, std::string>> parse_safetensors_index(
+    std::string_view text, const std::string& index_path);
 
 // A model's weights: one model.safetensors, or shards listed by model.safetensors.index.json
 // ({"metadata": {...}, "weight_map": {tensor: shard file}}). open() validates every shard header,

@@ -98,6 +98,44 @@ void check_shard_name(const std::string& index_path, const std::string& tensor,
 
 }  // namespace
 
+std::vector<std::pair<std::string, std::string>> parse_safetensors_index(
+    std::string_view text, const std::string& index_path) {
+  json index;
+  try {
+    index = json::parse(text);
+  } catch (const json::exception& e) {
+    throw FormatError(fmt::format("{}: not valid JSON: {}", index_path, e.what()));
+  }
+  if (!index.is_object()) throw FormatError(fmt::format("{}: must be a JSON object", index_path));
+  auto wm = index.find("weight_map");
+  if (wm == index.end() || !wm->is_object()) {
+    throw FormatError(fmt::format(
+        "{}: missing \"weight_map\" (an object mapping tensor names to shard files)", index_path));
+  }
+  if (wm->empty()) throw FormatError(fmt::format("{}: \"weight_map\" is empty", index_path));
+  // metadata.total_size is informational (shared storage may make it smaller); check its type.
+  auto md = index.find("metadata");
+  if (md != index.end() && !md->is_null()) {
+    if (!md->is_object())
+      throw FormatError(fmt::format("{}: \"metadata\" must be an object", index_path));
+    auto ts = md->find("total_size");
+    if (ts != md->end() && !ts->is_number()) {
+      throw FormatError(fmt::format("{}: metadata.total_size must be a number", index_path));
+    }
+  }
+  std::vector<std::pair<std::string, std::string>> listed;
+  for (auto it = wm->begin(); it != wm->end(); ++it) {
+    if (!it.value().is_string()) {
+      throw FormatError(
+          fmt::format("{}: weight_map['{}'] must be a shard file name", index_path, it.key()));
+    }
+    std::string shard = it.value().get<std::string>();
+    check_shard_name(index_path, it.key(), shard);
+    listed.emplace_back(it.key(), std::move(shard));
+  }
+  return listed;
+}
+
 SafetensorsCheckpoint SafetensorsCheckpoint::open(const std::string& path) {
   SafetensorsCheckpoint ck;
   if (path_is_file(path)) {
@@ -109,41 +147,20 @@ SafetensorsCheckpoint SafetensorsCheckpoint::open(const std::string& path) {
     const std::string single = path_join(path, "model.safetensors");
     if (path_is_file(index_path)) {
       ck.sharded_ = true;
-      json index;
-      try {
-        index = json::parse(read_text_file(index_path));
-      } catch (const json::exception& e) {
-        throw FormatError(fmt::format("{}: not valid JSON: {}", index_path, e.what()));
-      }
-      if (!index.is_object())
-        throw FormatError(fmt::format("{}: must be a JSON object", index_path));
-      auto wm = index.find("weight_map");
-      if (wm == index.end() || !wm->is_object()) {
-        throw FormatError(fmt::format(
-            "{}: missing \"weight_map\" (an object mapping tensor names to shard files)",
-            index_path));
-      }
-      if (wm->empty()) throw FormatError(fmt::format("{}: \"weight_map\" is empty", index_path));
+      const std::vector<std::pair<std::string, std::string>> listed =
+          parse_safetensors_index(read_text_file(index_path), index_path);
       std::map<std::string, std::size_t> shard_index;
-      std::vector<std::pair<std::string, std::string>> listed;
-      for (auto it = wm->begin(); it != wm->end(); ++it) {
-        if (!it.value().is_string()) {
-          throw FormatError(
-              fmt::format("{}: weight_map['{}'] must be a shard file name", index_path, it.key()));
-        }
-        const std::string shard = it.value().get<std::string>();
-        check_shard_name(index_path, it.key(), shard);
+      for (const auto& [tensor, shard] : listed) {
         if (!shard_index.count(shard)) {
           const std::string shard_path = path_join(path, shard);
           if (!path_is_file(shard_path)) {
             throw FormatError(
                 fmt::format("{}: shard '{}' (holding tensor '{}') does not exist in {}", index_path,
-                            shard, it.key(), path));
+                            shard, tensor, path));
           }
           shard_index[shard] = ck.shards_.size();
           ck.shards_.push_back(SafetensorsFile::open(shard_path));
         }
-        listed.emplace_back(it.key(), shard);
       }
       for (const auto& [tensor, shard] : listed) {
         const std::size_t s = shard_index[shard];
@@ -174,16 +191,6 @@ SafetensorsCheckpoint SafetensorsCheckpoint::open(const std::string& path) {
           log_warning(fmt::format(
               "{}: {} tensor(s) are not listed in the index and are ignored (first: '{}')",
               ck.shards_[s].path(), unlisted, first_unlisted));
-        }
-      }
-      // metadata.total_size is informational (shared storage may make it smaller); check its type.
-      auto md = index.find("metadata");
-      if (md != index.end() && !md->is_null()) {
-        if (!md->is_object())
-          throw FormatError(fmt::format("{}: \"metadata\" must be an object", index_path));
-        auto ts = md->find("total_size");
-        if (ts != md->end() && !ts->is_number()) {
-          throw FormatError(fmt::format("{}: metadata.total_size must be a number", index_path));
         }
       }
       return ck;

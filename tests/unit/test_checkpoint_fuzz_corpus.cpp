@@ -82,5 +82,25 @@ TEST(FuzzCorpus, Config) {
   EXPECT_GT(parsed, 0);
 }
 
+TEST(FuzzCorpus, Index) {
+  const auto files = inputs("index");
+  EXPECT_GE(files.size(), 5u);
+  int parsed = 0, refused = 0;
+  for (const auto& f : files) {
+    SCOPED_TRACE(f);
+    const std::string text = slurp(f);
+    try {
+      const auto listed = parse_safetensors_index(text, f);
+      EXPECT_FALSE(listed.empty());
+      ++parsed;
+    } catch (const FormatError& e) {
+      EXPECT_NE(std::string(e.what()).find(f), std::string::npos) << "the error names the file";
+      ++refused;
+    }
+  }
+  EXPECT_GT(parsed, 0);
+  EXPECT_GT(refused, 0);
+}
+
 }  // namespace
 }  // namespace fp8moe
