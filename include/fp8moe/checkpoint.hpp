@@ -17,8 +17,8 @@
 #include <span>
 #include <string>
 #include <string_view>
-#include <vector>
 #include <utility>
+#include <vector>
 
 #include "fp8moe/config.hpp"
 #include "fp8moe/dtype.hpp"
