@@ -10,6 +10,7 @@
 #include "fp8moe/error.hpp"
 #include "fp8moe/fused_moe.hpp"
 #include "fp8moe/numerics.hpp"
+#include "fp8moe/quant_config.hpp"
 
 namespace fp8moe {
 
@@ -90,31 +91,6 @@ struct Checker {
   }
 };
 
-// Names of quant dtypes for messages (quant_config.cpp belongs to the oracle; this stays local).
-std::string_view qdtype_name(QuantDType t) {
-  switch (t) {
-    case QuantDType::kFp8E4M3FN:
-      return "torch.float8_e4m3fn";
-    case QuantDType::kFp8E4M3FNUZ:
-      return "torch.float8_e4m3fnuz";
-    case QuantDType::kInt8:
-      return "torch.int8";
-    case QuantDType::kMxfp8:
-      return "mxfp8";
-    case QuantDType::kMxfp4:
-      return "mxfp4";
-    case QuantDType::kNvfp4:
-      return "nvfp4";
-    case QuantDType::kMxfp6E3M2:
-      return "mxfp6_e3m2";
-    case QuantDType::kMxfp6E2M3:
-      return "mxfp6_e2m3";
-    case QuantDType::kInt4:
-      return "int4";
-  }
-  return "?";
-}
-
 std::string act_kind_str(const MoeScheme& s) {
   switch (s.act) {
     case ActQuantKind::kNone:
@@ -188,7 +164,7 @@ MoeScheme MoeScheme::from_quant_config(const MoeQuantConfig& qc) {
     throw ValueError(
         fmt::format("MoeScheme: weight dtype {} is not an fp8 format; no fp8 experts "
                     "kernel computes it",
-                    qdtype_name(*wd)));
+                    quant_dtype_name(*wd)));
   }
   const auto& ad = qc.a1.dtype;
   if (!ad) {
@@ -219,7 +195,7 @@ MoeScheme MoeScheme::from_quant_config(const MoeQuantConfig& qc) {
   } else {
     throw ValueError(fmt::format(
         "MoeScheme: activation dtype {} is not an fp8 format; no fp8 experts kernel computes it",
-        qdtype_name(*ad)));
+        quant_dtype_name(*ad)));
   }
   return s;
 }
