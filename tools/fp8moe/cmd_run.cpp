@@ -1086,6 +1086,8 @@ struct BenchOptions {
   bool json = false, csv = false, no_ceilings = false, list = false;
   std::vector<std::string> env;
   bool ignore_environment = false;
+  int ep = 0;  // --ep N: every EP rank, simulated by threads (0: not given)
+  bool ep_given = false;
 };
 
 struct Target {
@@ -1106,12 +1108,79 @@ struct Row {
   bench::Timing t;
   bench::Traffic traffic;
   double bytes_per_s = 0, flops_per_s = 0, bw_frac = 0, fma_frac = 0, roofline_frac = 0;
+  // --ep: rank-mean medians of the EP forward's phases, and dispatch + combine over their sum
+  int ep = 0;
+  double dispatch_s = 0, compute_s = 0, combine_s = 0, comm_frac = 0;
 };
+
+// bench --ep: the N ranks' layers timed as simulated ranks (threads over the in-process
+// communicator). A warm-up and one calibration call fix the repetitions; the layer time of a
+// repetition is its slowest rank's.
+struct EpBenchTiming {
+  bench::Timing t;
+  double dispatch_s = 0, compute_s = 0, combine_s = 0;
+};
+EpBenchTiming time_ep_layers(const std::vector<const Fp8MoeLayer*>& layers, const Tensor& x,
+                             const Tensor& logits, double min_time, int min_reps, int max_reps) {
+  const int n = static_cast<int>(layers.size());
+  const int64_t M = x.size(0);
+  auto group = make_in_process_group(n);
+  std::vector<Tensor> xs(n), ls(n), outs(n);
+  for (int r = 0; r < n; ++r) {
+    const auto [first, count] = ep_token_slice(M, n, r);
+    xs[r] = copy_rows(x, first, count);
+    ls[r] = copy_rows(logits, first, count);
+    outs[r] = Tensor::empty({count, x.size(1)}, x.dtype());
+  }
+  std::vector<EpRankTiming> per(static_cast<std::size_t>(n));
+  const auto run = [&](int reps) {
+    std::vector<std::exception_ptr> errors(static_cast<std::size_t>(n));
+    std::vector<std::string> messages(static_cast<std::size_t>(n));
+    std::vector<std::thread> threads;
+    for (int r = 0; r < n; ++r) {
+      threads.emplace_back([&, r] {
+        try {
+          per[r] = time_ep_forward(*layers[r], *group[r], xs[r], ls[r], outs[r], reps, {});
+        } catch (const std::exception& e) {
+          errors[r] = std::current_exception();
+          messages[r] = e.what();
+        }
+      });
+    }
+    for (auto& t : threads) t.join();
+    for (int r = 0; r < n; ++r)
+      if (errors[r] && messages[r].find("(see its error)") == std::string::npos)
+        std::rethrow_exception(errors[r]);
+    for (int r = 0; r < n; ++r)
+      if (errors[r]) std::rethrow_exception(errors[r]);
+  };
+  run(1);
+  double t1 = 0;
+  for (const auto& p : per) t1 = std::max(t1, p.total.front());
+  const int reps = std::clamp(static_cast<int>(std::ceil(min_time / std::max(t1, 1e-9))),
+                              std::max(min_reps, 1), std::max(max_reps, std::max(min_reps, 1)));
+  run(reps);
+  std::vector<double> layer_t(static_cast<std::size_t>(reps), 0.0);
+  EpBenchTiming out;
+  for (const auto& p : per) {
+    for (int i = 0; i < reps; ++i) layer_t[i] = std::max(layer_t[i], p.total[i]);
+    out.dispatch_s += median_of(p.dispatch) / n;
+    out.compute_s += median_of(p.compute) / n;
+    out.combine_s += median_of(p.combine) / n;
+  }
+  out.t.reps = reps;
+  out.t.median_s = median_of(layer_t);
+  out.t.min_s = *std::min_element(layer_t.begin(), layer_t.end());
+  out.t.max_s = *std::max_element(layer_t.begin(), layer_t.end());
+  return out;
+}
 
 const char* kCsvColumns =
     "target,backend,M,E,E_local,topk,K,N,implementation,vllm_class,oracle,status,reps,median_s,"
     "min_s,distinct_experts,unique_expert_bytes,bytes,flops,bytes_per_s,flops_per_s,bw_fraction,"
     "fma_fraction,roofline_fraction,note";
+// Appended with --ep.
+const char* kCsvEpColumns = ",ep,dispatch_s,compute_s,combine_s,communication_fraction";
 
 std::string csv_field(const std::string& s) {
   if (s.find_first_of(",\"\n") == std::string::npos) return s;
@@ -1147,6 +1216,15 @@ ordered_json row_json(const Row& r) {
           {"roofline_fraction", r.roofline_frac},
           {"note", r.note}};
 }
+ordered_json row_json_ep(const Row& r) {
+  ordered_json j = row_json(r);
+  j["ep"] = r.ep;
+  j["dispatch_s"] = r.dispatch_s;
+  j["compute_s"] = r.compute_s;
+  j["combine_s"] = r.combine_s;
+  j["communication_fraction"] = r.comm_frac;
+  return j;
+}
 
 void progress(const std::string& line, bool final) {
   static const bool tty = isatty(2);
@@ -1174,6 +1252,15 @@ void run_bench(const BenchOptions& o) {
     return;
   }
   if (o.json && o.csv) throw ValueError("give --json or --csv, not both");
+  const bool ep_mode = o.ep_given || o.ep != 0;
+  if (ep_mode) {
+    if (o.ep < 1) throw ValueError(fmt::format("--ep {} must be >= 1", o.ep));
+    if (o.tp != 1 || o.rank != 0 || o.enable_ep) {
+      throw ValueError(
+          "--ep N times all N EP ranks; --tp, --rank and --enable-ep are for one rank (give --ep "
+          "alone)");
+    }
+  }
   std::vector<Target> targets;
   if (!o.model.empty()) {
     Target t;
@@ -1209,6 +1296,18 @@ void run_bench(const BenchOptions& o) {
   }
   if (targets.empty()) {
     throw ValueError("bench needs a MODEL_DIR or --preset NAME (see --list-presets)");
+  }
+  if (ep_mode) {
+    for (Target& t : targets) {
+      if (o.ep > t.model.num_experts) {
+        throw ValueError(
+            fmt::format("--ep {}: {} has {} routed experts; every EP rank needs at least one", o.ep,
+                        t.name, t.model.num_experts));
+      }
+      t.req.tp_size = o.ep;
+      t.req.rank = 0;
+      t.req.enable_ep = true;
+    }
   }
   std::vector<int64_t> Ms;
   for (const auto& s : split_list(o.tokens)) Ms.push_back(parse_count(s, "--tokens", 1));
@@ -1251,17 +1350,36 @@ void run_bench(const BenchOptions& o) {
       }
       std::string build_error;
       std::unique_ptr<Fp8MoeLayer> layer;
+      std::vector<std::unique_ptr<Fp8MoeLayer>> peers;  // --ep: ranks 1..N-1 (layer is rank 0)
       bench::RandomLayer rl;
       Fp8MoeLayerPlan oracle_plan;
+      // --ep: the weight budget is for all ranks together.
+      const uint64_t rank_budget = ep_mode ? budget / static_cast<uint64_t>(o.ep) : budget;
       try {
         if (tg.preset) {
-          rl = bench::make_random_layer(tg.model, req, opts, o.seed, budget);
+          rl = bench::make_random_layer(tg.model, req, opts, o.seed, rank_budget);
           layer =
               std::make_unique<Fp8MoeLayer>(Fp8MoeLayer::from_tensors(rl.spec, rl.weights, opts));
         } else {
           layer = std::make_unique<Fp8MoeLayer>(Fp8MoeLayer::from_checkpoint(o.model, req, opts));
         }
+        for (int rank = 1; ep_mode && rank < o.ep; ++rank) {
+          CheckpointLayerRequest rreq = req;
+          rreq.rank = rank;
+          if (tg.preset) {
+            bench::RandomLayer rr =
+                bench::make_random_layer(tg.model, rreq, opts, o.seed, rank_budget);
+            // Every rank routes with rank 0's correction bias (the random draw depends on E_local).
+            rr.spec.e_score_correction_bias = rl.spec.e_score_correction_bias;
+            peers.push_back(std::make_unique<Fp8MoeLayer>(
+                Fp8MoeLayer::from_tensors(rr.spec, rr.weights, opts)));
+          } else {
+            peers.push_back(
+                std::make_unique<Fp8MoeLayer>(Fp8MoeLayer::from_checkpoint(o.model, rreq, opts)));
+          }
+        }
       } catch (const Error& e) {
+        layer.reset();
         build_error = fmt::format("{}: {}", e.kind(), e.what());
       }
       const ModelConfig& model = tg.preset ? rl.model : tg.model;
@@ -1310,14 +1428,34 @@ void run_bench(const BenchOptions& o) {
         }
         Tensor out = Tensor::empty({M, r.K}, dt, dev);
         try {
-          r.t = bench::time_forward(*layer, x, logits, out, o.min_time, o.min_reps, o.max_reps);
+          if (ep_mode) {
+            if (!dev.is_cpu()) {
+              throw NotImplementedError(
+                  "bench --ep simulates the ranks as threads on the host; on GPUs use run --ep N "
+                  "--device cuda");
+            }
+            std::vector<const Fp8MoeLayer*> ranks = {layer.get()};
+            for (const auto& p : peers) ranks.push_back(p.get());
+            const EpBenchTiming et =
+                time_ep_layers(ranks, x, logits, o.min_time, o.min_reps, o.max_reps);
+            r.t = et.t;
+            r.ep = o.ep;
+            r.dispatch_s = et.dispatch_s;
+            r.compute_s = et.compute_s;
+            r.combine_s = et.combine_s;
+            const double sum = et.dispatch_s + et.compute_s + et.combine_s;
+            r.comm_frac = sum > 0 ? (et.dispatch_s + et.combine_s) / sum : 0;
+          } else {
+            r.t = bench::time_forward(*layer, x, logits, out, o.min_time, o.min_reps, o.max_reps);
+          }
         } catch (const Error& e) {
           r.status = "error";
           r.note = fmt::format("{}: {}", e.kind(), e.what());
           rows.push_back(r);
           continue;
         }
-        r.traffic = bench::moe_traffic(M, r.E, r.E_local, r.topk, r.N, r.K,
+        // --ep: the whole layer's traffic (every rank's experts).
+        r.traffic = bench::moe_traffic(M, r.E, ep_mode ? r.E : r.E_local, r.topk, r.N, r.K,
                                        activation_is_gated(model.activation));
         r.bytes_per_s = r.traffic.bytes / r.t.median_s;
         r.flops_per_s = r.traffic.flops / r.t.median_s;
@@ -1350,22 +1488,27 @@ void run_bench(const BenchOptions& o) {
     for (const auto& t : targets) ts.push_back({{"name", t.name}, {"description", t.description}});
     j["targets"] = ts;
     ordered_json a = ordered_json::array();
-    for (const auto& r : rows) a.push_back(row_json(r));
+    for (const auto& r : rows) a.push_back(ep_mode ? row_json_ep(r) : row_json(r));
     j["rows"] = a;
     print_ordered(j);
     return;
   }
   if (o.csv) {
-    std::cout << kCsvColumns << "\n";
+    std::cout << kCsvColumns << (ep_mode ? kCsvEpColumns : "") << "\n";
     for (const auto& r : rows) {
       std::cout << fmt::format(
           "{},{},{},{},{},{},{},{},{},{},{},{},{},{:.9g},{:.9g},{:.6g},{:.9g},{:.9g},{:.9g},{:.6g},"
-          "{:.6g},{:.4g},{:.4g},{:.4g},{}\n",
+          "{:.6g},{:.4g},{:.4g},{:.4g},{}",
           csv_field(r.target), csv_field(r.backend_item), r.M, r.E, r.E_local, r.topk, r.K, r.N,
           csv_field(r.impl), csv_field(r.vllm_class), csv_field(r.oracle), r.status, r.t.reps,
           r.t.median_s, r.t.min_s, r.traffic.distinct_experts, r.traffic.weight_bytes,
           r.traffic.bytes, r.traffic.flops, r.bytes_per_s, r.flops_per_s, r.bw_frac, r.fma_frac,
           r.roofline_frac, csv_field(r.note));
+      if (ep_mode) {
+        std::cout << fmt::format(",{},{:.9g},{:.9g},{:.9g},{:.6g}", r.ep, r.dispatch_s, r.compute_s,
+                                 r.combine_s, r.comm_frac);
+      }
+      std::cout << "\n";
     }
     return;
   }
@@ -1379,11 +1522,24 @@ void run_bench(const BenchOptions& o) {
   for (const auto& t : targets)
     std::cout << fmt::format("target    {}: {}\n", t.name, t.description);
   std::cout << "bytes     unique expert bytes touched under uniform routing (spec/models.md) + "
-               "bf16 activations; FLOPs 6*M*topk*N*K\n\n";
+               "bf16 activations; FLOPs 6*M*topk*N*K\n";
+  if (ep_mode) {
+    std::cout << fmt::format(
+        "ep        {} simulated EP ranks (threads, in-process communicator) sharing this machine's "
+        "cores: overhead, not scaling. median = the slowest rank's per layer call; bytes/FLOPs of "
+        "the whole layer; dispatch/compute/combine = rank means; comm% = (dispatch + combine) / "
+        "their sum (waiting for peers included)\n",
+        o.ep);
+  }
+  std::cout << "\n";
+  const auto ep_cols = [&](const std::string& d, const std::string& c, const std::string& b,
+                           const std::string& f) {
+    return ep_mode ? fmt::format(" {:>10} {:>10} {:>10} {:>6}", d, c, b, f) : std::string();
+  };
   std::cout << fmt::format(
-      "{:<22} {:>5} {:<10} {:<12} {:<34} {:>11} {:>11} {:>6} {:>12} {:>6} {:>6}\n", "target", "M",
+      "{:<22} {:>5} {:<10} {:<12} {:<34} {:>11} {:>11} {:>6} {:>12} {:>6} {:>6}{}\n", "target", "M",
       "backend", "kernel", "oracle pick (vLLM class for M)", "median", "bytes/s", "%BW", "FLOP/s",
-      "%FMA", "%roof");
+      "%FMA", "%roof", ep_cols("dispatch", "compute", "combine", "comm%"));
   std::string last_error;
   for (const auto& r : rows) {
     if (r.status != "ok") {
@@ -1396,12 +1552,14 @@ void run_bench(const BenchOptions& o) {
       continue;
     }
     std::cout << fmt::format(
-        "{:<22} {:>5} {:<10} {:<12} {:<34} {:>11} {:>11} {:>6} {:>12} {:>6} {:>6}{}\n", r.target,
+        "{:<22} {:>5} {:<10} {:<12} {:<34} {:>11} {:>11} {:>6} {:>12} {:>6} {:>6}{}{}\n", r.target,
         r.M, r.backend_item, r.impl, r.oracle, fmt_seconds(r.t.median_s),
         fmt_rate(r.bytes_per_s, "B"), ceil.measured ? fmt::format("{:.1f}", 100 * r.bw_frac) : "-",
         fmt_rate(r.flops_per_s, "FLOP"),
         ceil.measured ? fmt::format("{:.1f}", 100 * r.fma_frac) : "-",
         ceil.measured ? fmt::format("{:.1f}", 100 * r.roofline_frac) : "-",
+        ep_cols(fmt_seconds(r.dispatch_s), fmt_seconds(r.compute_s), fmt_seconds(r.combine_s),
+                fmt::format("{:.1f}", 100 * r.comm_frac)),
         r.note.empty() ? "" : "  (" + r.note + ")");
   }
 }
@@ -1483,6 +1641,11 @@ void add_run_commands(CLI::App& app) {
     sub->add_option("--tp", o->tp, "tensor-parallel size for MODEL_DIR (default 1)");
     sub->add_option("--rank", o->rank, "rank for MODEL_DIR (default 0)");
     sub->add_flag("--enable-ep", o->enable_ep, "the --tp ranks are EP ranks (MODEL_DIR)");
+    sub->add_option("--ep", o->ep,
+                    "time all N EP ranks as simulated ranks (threads over the in-process "
+                    "communicator): the slowest rank per layer call and the dispatch/combine "
+                    "share; presets: --max-weight-mib is for all ranks together")
+        ->each([o](const std::string&) { o->ep_given = true; });
     sub->add_option("--moe-backend", o->moe_backend, "vLLM --moe-backend (default auto)");
     sub->add_option("--dtype", o->dtype, "activation dtype: bf16 (default) or f32");
     sub->add_option("--min-time", o->min_time, "seconds of timed runs per row (default 0.5)");
