@@ -624,9 +624,8 @@ std::vector<std::string> own_argv() {
   return args;
 }
 
-// GPUs: one process per GPU, this binary with --ep-rank R --ep-unique-id HEX; returns the exit
-// status (the first failing rank's; the others are then stopped so none waits on a dead peer).
-int launch_ep_processes(int n) {
+// ValueError / RuntimeError unless this machine has n GPUs and NCCL.
+void check_ep_gpus(int n) {
   std::string why;
   const int gpus = cuda_device_count(&why);
   if (gpus < n) {
@@ -637,6 +636,12 @@ int launch_ep_processes(int n) {
   if (!nccl_available(&why)) {
     throw RuntimeError(fmt::format("--ep {} on CUDA needs NCCL: {}", n, why));
   }
+}
+
+// GPUs: one process per GPU, this binary with --ep-rank R --ep-unique-id HEX; returns the exit
+// status (the first failing rank's; the others are then stopped so none waits on a dead peer).
+int launch_ep_processes(int n) {
+  check_ep_gpus(n);
   const std::string id = nccl_get_unique_id().hex();
   const std::vector<std::string> args = own_argv();
   if (args.empty()) throw RuntimeError("cannot read this process's arguments (/proc/self/cmdline)");
@@ -759,10 +764,7 @@ void run_ep(const RunOptions& o) {
     L.format_why =
         fmt::format("the oracle's: use_batched_activation_format {}", batched ? "True" : "False");
   }
-  if (L.gpu && !child) {
-    exit_status() = launch_ep_processes(o.ep);
-    return;
-  }
+  if (L.gpu && !child) check_ep_gpus(o.ep);
   const bool plannable = plan.ok && plan.runnable;
   if (o.plan_only || !plannable) {
     // As run without --ep: the plan, and why it cannot run.
@@ -786,6 +788,10 @@ void run_ep(const RunOptions& o) {
                                           plan.failed_step, plan.error_kind, plan.error_message))
                 << "\n";
     }
+    return;
+  }
+  if (L.gpu && !child) {
+    exit_status() = launch_ep_processes(o.ep);
     return;
   }
   if (child) {
