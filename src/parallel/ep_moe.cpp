@@ -259,6 +259,9 @@ EpMoeStats ep_moe_forward(Communicator& comm, const ExpertsImpl& local_experts,
         FusedMoeArgs f;
         f.routing = a.routing;
         f.routing.topk = static_cast<int>(k);
+        // Routed already (the ids are given): the host-side correction bias stays out of a device
+        // kernel's arguments, which must all be device tensors.
+        f.routing.e_score_correction_bias = {};
         f.weights = a.weights;
         f.scheme = a.scheme;
         f.act = a.act;

@@ -192,6 +192,16 @@ def main():
         if p.returncode == 0:
             rows = json.loads(p.stdout)["rows"]
             check(rows and rows[0]["ep"] == 4 and rows[0]["status"] == "ok", f"bench json {rows}")
+        # A router with a correction bias (MiniMax-M2: sigmoid + bias), routed on the host by every
+        # rank with the same bias: the reference kernel (the oracle has no CPU backend for it).
+        p = run(["bench", "--preset", "minimax-m2-tp4", "--ep", "2", "--backend", "ref",
+                 "--tokens", "2", "--json", "--no-ceilings", "--min-time", "0", "--min-reps", "1",
+                 "--max-reps", "1", "--max-weight-mib", "16"])
+        check(p.returncode == 0, f"bench --ep minimax: {p.stderr[-300:]}")
+        if p.returncode == 0:
+            rows = json.loads(p.stdout)["rows"]
+            check(rows and rows[0]["status"] == "ok" and rows[0]["ep"] == 2,
+                  f"bench --ep minimax row {rows}")
         expect_error(["bench", ex, "--ep", "0"], "--ep 0 must be >= 1", "bench --ep 0")
         expect_error(["bench", ex, "--ep", "9", "--no-ceilings"], "8 routed experts",
                      "bench --ep 9")
