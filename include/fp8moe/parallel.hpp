@@ -42,6 +42,11 @@ class Communicator {
 
 // A group of `size` in-process communicators sharing memory; rank i must be used by one thread.
 std::vector<std::unique_ptr<Communicator>> make_in_process_group(int size);
+// For ranks simulated as threads of one process: the calling thread's OpenMP teams get
+// max(1, omp_get_max_threads() / ranks) threads from now on, so that the ranks share the cores
+// (as ranks on separate devices would each have their own) instead of each taking all of them.
+// Returns the thread count set (1 in builds without OpenMP).
+int share_cpu_threads_among_ranks(int ranks);
 
 // all_to_all_v on host buffers with any communicator: a device communicator (NCCL) gets the data
 // staged through device memory on comm.device() (synchronous copies, the legacy default stream).

@@ -6,6 +6,7 @@
 // throw, and none hangs.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstring>
 #include <random>
 #include <string>
@@ -206,6 +207,17 @@ TEST(LayerExpertParallel, MismatchedGroupFailsEveryRankWithoutHanging) {
     EXPECT_NE(errs[1].find("router_logits must be a host (4, 8)"), std::string::npos) << errs[1];
     EXPECT_NE(errs[0].find("EP rank 1 cannot take part"), std::string::npos) << errs[0];
   }
+}
+
+TEST(LayerExpertParallel, SimulatedRanksShareTheCpuThreads) {
+  // Each call is made on a fresh thread (the setting is per thread).
+  int all = 0, quarter = 0, many = 0;
+  std::thread([&] { all = share_cpu_threads_among_ranks(1); }).join();
+  std::thread([&] { quarter = share_cpu_threads_among_ranks(4); }).join();
+  std::thread([&] { many = share_cpu_threads_among_ranks(100000); }).join();
+  EXPECT_GE(all, 1);
+  EXPECT_EQ(quarter, std::max(1, all / 4));
+  EXPECT_EQ(many, 1);
 }
 
 }  // namespace

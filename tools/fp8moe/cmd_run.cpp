@@ -812,6 +812,7 @@ void run_ep(const RunOptions& o) {
   for (int r = 0; r < o.ep; ++r) {
     threads.emplace_back([&, r] {
       try {
+        share_cpu_threads_among_ranks(o.ep);
         ep_rank_main(o, model, layer_index, opts, *group[r], L);
       } catch (const std::exception& e) {
         errors[r] = std::current_exception();
@@ -1146,6 +1147,7 @@ EpBenchTiming time_ep_layers(const std::vector<const Fp8MoeLayer*>& layers, cons
     for (int r = 0; r < n; ++r) {
       threads.emplace_back([&, r] {
         try {
+          share_cpu_threads_among_ranks(n);
           per[r] = time_ep_forward(*layers[r], *group[r], xs[r], ls[r], outs[r], reps, {});
         } catch (const std::exception& e) {
           errors[r] = std::current_exception();
