@@ -68,8 +68,11 @@ struct EpMoeStats {
   int64_t rows_received = 0;
 };
 
-// Runs one EP forward on this rank. Host tensors with the in-process communicator. Throws
-// ValueError for inconsistent arguments (after taking part in the collectives, so no peer hangs).
+// Runs one EP forward on this rank. x, router_logits / topk ids and weights, and out are host
+// tensors with any communicator: routing, packing and the reduction run on the host, the
+// collectives go through all_to_all_v_host (staged through device memory for NCCL), and a device
+// kernel (weights on a GPU) gets its rows staged to the weights' device. Throws ValueError for
+// inconsistent arguments (after taking part in the collectives, so no peer hangs).
 EpMoeStats ep_moe_forward(Communicator& comm, const ExpertsImpl& local_experts,
                           EpExpertsFormat format, const EpLayout& layout, const EpMoeArgs& args);
 

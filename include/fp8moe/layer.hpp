@@ -53,6 +53,7 @@
 #include "fp8moe/backend.hpp"
 #include "fp8moe/checkpoint.hpp"
 #include "fp8moe/config.hpp"
+#include "fp8moe/ep_moe.hpp"
 #include "fp8moe/experts.hpp"
 #include "fp8moe/fused_moe.hpp"
 #include "fp8moe/oracle.hpp"
@@ -370,6 +371,29 @@ class Fp8MoeLayer {
                   void* workspace, std::size_t workspace_bytes) const;
   std::unique_ptr<State> s_;
 };
+
+// =====================================================================================================
+// Expert parallelism (fp8moe run --ep, bench --ep)
+// =====================================================================================================
+
+struct EpForwardOptions {
+  // The experts' activation format; default: the oracle's (Selection::activation_format, i.e.
+  // MoeParallelConfig::use_batched_activation_format()). An override is fp8moe's, for testing the
+  // batched path with a kernel that takes it (the reference).
+  std::optional<EpExpertsFormat> format;
+};
+
+// One EP rank's forward of a layer built for that rank (CheckpointLayerRequest{tp_size = ep size,
+// rank, enable_ep}, or a 1-rank layer with a 1-rank communicator): its tokens x (M_r, H) routed by
+// router_logits (M_r, E) are dispatched to the ranks owning their experts (vLLM's linear
+// placement, checked against the layer's expert_map), computed there with the kernel the plan
+// dispatches for the *global* M (the sum of every rank's M_r, what vLLM's per-call choice sees),
+// combined back into out (M_r, H) in token order. x, router_logits and out are host tensors (see
+// ep_moe_forward). Every rank must call it; a rank whose layer or tensors do not fit the group
+// makes every rank throw (ValueError), none hangs.
+EpMoeStats forward_expert_parallel(const Fp8MoeLayer& layer, Communicator& comm,
+                                   const TensorView& x, const TensorView& router_logits,
+                                   const TensorView& out, const EpForwardOptions& options = {});
 
 // =====================================================================================================
 // Checking a forward (fp8moe run --check)

@@ -42,6 +42,17 @@ class Communicator {
 
 // A group of `size` in-process communicators sharing memory; rank i must be used by one thread.
 std::vector<std::unique_ptr<Communicator>> make_in_process_group(int size);
+// For ranks simulated as threads of one process: the calling thread's OpenMP teams get
+// max(1, omp_get_max_threads() / ranks) threads from now on, so that the ranks share the cores
+// (as ranks on separate devices would each have their own) instead of each taking all of them.
+// Returns the thread count set (1 in builds without OpenMP).
+int share_cpu_threads_among_ranks(int ranks);
+
+// all_to_all_v on host buffers with any communicator: a device communicator (NCCL) gets the data
+// staged through device memory on comm.device() (synchronous copies, the legacy default stream).
+// Simple rather than fast: the EP forward's host-side dispatch uses it on GPUs too.
+void all_to_all_v_host(Communicator& comm, const void* send, std::span<const int64_t> send_counts,
+                       void* recv, std::span<const int64_t> recv_counts, std::size_t elem_bytes);
 
 }  // namespace fp8moe
 
@@ -62,6 +73,9 @@ struct NcclUniqueId {
 };
 // Whether this build has CUDA and libnccl.so.2 can be loaded; `why` gets the reason when not.
 bool nccl_available(std::string* why = nullptr);
+// CUDA devices this process can use (0 in builds without CUDA or without a driver; `why` says
+// which when it is 0).
+int cuda_device_count(std::string* why = nullptr);
 NcclUniqueId nccl_get_unique_id();
 // Joins the group (blocks until every rank has joined). Buffers passed to the collectives live on
 // `cuda_device`; `stream` arguments are cudaStream_t (nullptr: the legacy default stream).

@@ -203,10 +203,10 @@ EpMoeStats ep_moe_forward(Communicator& comm, const ExpertsImpl& local_experts,
   Tensor recv_x = Tensor::empty({R, H}, xdt);
   Tensor recv_ids = Tensor::empty({R, kk}, DType::kI32);
   Tensor recv_w = Tensor::empty({R, kk}, DType::kF32);
-  comm.all_to_all_v(send_x.data(), send_counts, recv_x.data(), recv_counts, row_bytes);
-  comm.all_to_all_v(send_ids.data(), send_counts, recv_ids.data(), recv_counts,
+  all_to_all_v_host(comm, send_x.data(), send_counts, recv_x.data(), recv_counts, row_bytes);
+  all_to_all_v_host(comm, send_ids.data(), send_counts, recv_ids.data(), recv_counts,
                     static_cast<std::size_t>(k) * sizeof(int32_t));
-  comm.all_to_all_v(send_w.data(), send_counts, recv_w.data(), recv_counts,
+  all_to_all_v_host(comm, send_w.data(), send_counts, recv_w.data(), recv_counts,
                     static_cast<std::size_t>(k) * sizeof(float));
   stats.dispatch_s = seconds_since(t0);
 
@@ -219,24 +219,54 @@ EpMoeStats ep_moe_forward(Communicator& comm, const ExpertsImpl& local_experts,
   Tensor partial = Tensor::zeros({R, H}, pdt);
   if (error.empty() && R > 0) {
     try {
+      // A device kernel (weights on a GPU) gets its inputs staged to the weights' device and its
+      // output copied back; the dispatch and combine stay on the host.
+      const Device kdev = a.weights.w13.device;
+      const auto on_kdev = [&](const Tensor& t) { return kdev.is_cpu() ? t : t.to(kdev); };
+      if (!kdev.is_cpu() && local_experts.device == DeviceKind::kCpu) {
+        throw ValueError(fmt::format("the weights are on {}, but {} runs on the host", kdev.str(),
+                                     local_experts.name));
+      }
+      // f's x / topk_ids / topk_weights / expert_map / expert_num_tokens / out are set from these
+      // host tensors (undefined ones stay absent).
+      const auto run_local = [&](FusedMoeArgs f, const Tensor& x, const Tensor& tids,
+                                 const Tensor& tw, const Tensor& map, const Tensor& counts,
+                                 const Tensor& host_out) {
+        const Tensor dx = on_kdev(x), dout = on_kdev(host_out);
+        const Tensor dids = tids.defined() ? on_kdev(tids) : Tensor();
+        const Tensor dw = tw.defined() ? on_kdev(tw) : Tensor();
+        const Tensor dmap = map.defined() ? on_kdev(map) : Tensor();
+        const Tensor dcounts = counts.defined() ? on_kdev(counts) : Tensor();
+        f.x = dx;
+        f.out = dout;
+        f.topk_ids = dids;
+        f.topk_weights = dw;
+        f.expert_map = dmap;
+        f.expert_num_tokens = dcounts;
+        const std::size_t wsb = local_experts.workspace_size ? local_experts.workspace_size(f) : 0;
+        const Tensor ws =
+            wsb ? Tensor::empty({static_cast<int64_t>(wsb)}, DType::kU8, kdev) : Tensor();
+        local_experts.run(f, ws.data());
+        if (!kdev.is_cpu()) {
+          const Tensor back_h = dout.to(Device::cpu());
+          std::memcpy(host_out.data(), back_h.data(), host_out.nbytes());
+        }
+      };
       const std::vector<int32_t> emap = layout.expert_map(me);
       Tensor emap_t = Tensor::empty({static_cast<int64_t>(emap.size())}, DType::kI32);
       std::copy(emap.begin(), emap.end(), emap_t.ptr<int32_t>());
       if (format == EpExpertsFormat::kStandard) {
         FusedMoeArgs f;
-        f.x = recv_x;
-        f.topk_ids = recv_ids;
-        f.topk_weights = recv_w;
         f.routing = a.routing;
         f.routing.topk = static_cast<int>(k);
+        // Routed already (the ids are given): the host-side correction bias stays out of a device
+        // kernel's arguments, which must all be device tensors.
+        f.routing.e_score_correction_bias = {};
         f.weights = a.weights;
         f.scheme = a.scheme;
         f.act = a.act;
-        f.expert_map = emap_t;
         f.apply_router_weight_on_input = a.apply_router_weight_on_input;
-        f.out = partial;
-        std::vector<char> ws(local_experts.workspace_size ? local_experts.workspace_size(f) : 0);
-        local_experts.run(f, ws.data());
+        run_local(f, recv_x, recv_ids, recv_w, emap_t, Tensor(), partial);
       } else {
         // One slab per local expert holding the (row, slot) pairs routed to it, in row order.
         const int E_local = layout.num_local(me);
@@ -259,14 +289,10 @@ EpMoeStats ep_moe_forward(Communicator& comm, const ExpertsImpl& local_experts,
           }
         }
         FusedMoeArgs f;
-        f.x = xb;
-        f.expert_num_tokens = counts;
         f.weights = a.weights;
         f.scheme = a.scheme;
         f.act = a.act;
-        f.out = yb;
-        std::vector<char> ws(local_experts.workspace_size ? local_experts.workspace_size(f) : 0);
-        local_experts.run(f, ws.data());
+        run_local(f, xb, Tensor(), Tensor(), Tensor(), counts, yb);
         // Weighted sum of the slab rows back into each received row, in (row, slot) order.
         std::vector<float> acc(static_cast<std::size_t>(R * H), 0.0f);
         std::vector<std::pair<int64_t, int64_t>> where(static_cast<std::size_t>(R * k), {-1, -1});
@@ -301,7 +327,7 @@ EpMoeStats ep_moe_forward(Communicator& comm, const ExpertsImpl& local_experts,
   // ---- combine: partial rows go back to their source; sum in rank order, round once
   t0 = std::chrono::steady_clock::now();
   std::vector<char> back(static_cast<std::size_t>(S) * prow_bytes);
-  comm.all_to_all_v(partial.data(), recv_counts, back.data(), send_counts, prow_bytes);
+  all_to_all_v_host(comm, partial.data(), recv_counts, back.data(), send_counts, prow_bytes);
   // Every rank learns whether any peer failed: a failed rank returned zeros, so its peers' outputs
   // would be silently wrong.
   std::vector<int64_t> failed_send(nranks, error.empty() ? 0 : 1), failed_recv(nranks);

@@ -5,6 +5,7 @@
 // hangs the others.
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <barrier>
 #include <cstring>
 #include <memory>
@@ -14,6 +15,10 @@
 #include "fp8moe/error.hpp"
 #include "fp8moe/numerics.hpp"
 #include "fp8moe/parallel.hpp"
+
+#ifdef _OPENMP
+#include <omp.h>
+#endif
 
 namespace fp8moe {
 namespace {
@@ -165,6 +170,18 @@ std::vector<std::unique_ptr<Communicator>> make_in_process_group(int size) {
   for (int r = 0; r < size; ++r)
     group.push_back(std::make_unique<InProcessCommunicator>(shared, r));
   return group;
+}
+
+int share_cpu_threads_among_ranks(int ranks) {
+#ifdef _OPENMP
+  // A thread that has not set its own count starts from the process's initial one.
+  const int n = std::max(1, omp_get_max_threads() / std::max(1, ranks));
+  omp_set_num_threads(n);
+  return n;
+#else
+  (void)ranks;
+  return 1;
+#endif
 }
 
 }  // namespace fp8moe

@@ -58,6 +58,10 @@ bool nccl_available(std::string* why) {
   if (why) *why = "this fp8moe build has no CUDA support";
   return false;
 }
+int cuda_device_count(std::string* why) {
+  if (why) *why = "this fp8moe build has no CUDA support";
+  return 0;
+}
 NcclUniqueId nccl_get_unique_id() {
   throw RuntimeError("NCCL needs an fp8moe build with CUDA support");
 }
@@ -229,6 +233,18 @@ bool nccl_available(std::string* why) {
   const NcclApi& a = api();
   if (why) *why = a.error;
   return a.error.empty();
+}
+
+int cuda_device_count(std::string* why) {
+  int n = 0;
+  const cudaError_t e = cudaGetDeviceCount(&n);
+  if (e != cudaSuccess) {
+    cudaGetLastError();
+    if (why) *why = fmt::format("cudaGetDeviceCount: {}", cudaGetErrorString(e));
+    return 0;
+  }
+  if (why) *why = n == 0 ? "no CUDA device is visible" : "";
+  return n;
 }
 
 NcclUniqueId nccl_get_unique_id() {

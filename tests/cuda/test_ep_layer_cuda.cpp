@@ -1,0 +1,114 @@
+// Expert parallelism with CUDA layers on one GPU: EP ranks simulated by threads over the in-process
+// communicator, every rank's experts on cuda:0 and run by the oracle's CUDA kernel (the rows each
+// rank receives are staged to the GPU by ep_moe_forward), against the single-rank CUDA layer. The
+// multi-process NCCL path is `fp8moe run --ep N --device cuda` on a machine with N GPUs.
+#include <cuda_runtime_api.h>
+#include <gtest/gtest.h>
+
+#include <cstring>
+#include <random>
+#include <thread>
+#include <vector>
+
+#include "fp8moe/checkpoint.hpp"
+#include "fp8moe/error.hpp"
+#include "fp8moe/layer.hpp"
+#include "fp8moe/numerics.hpp"
+#include "unit/test_checkpoint_util.hpp"
+
+namespace fp8moe {
+namespace {
+
+bool have_gpu() {
+  int n = 0;
+  return cudaGetDeviceCount(&n) == cudaSuccess && n > 0;
+}
+
+Tensor randn(int64_t rows, int64_t cols, DType dt, float scale, uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  std::normal_distribution<float> n(0.0f, 1.0f);
+  Tensor t = Tensor::empty({rows, cols}, dt);
+  for (int64_t i = 0; i < t.numel(); ++i) {
+    const float v = n(rng) * scale;
+    if (dt == DType::kBF16) {
+      t.ptr<uint16_t>()[i] = numerics::float_to_bf16(v);
+    } else {
+      t.ptr<float>()[i] = v;
+    }
+  }
+  return t;
+}
+
+Tensor rows_of(const Tensor& t, int64_t first, int64_t n) {
+  Tensor r = Tensor::empty({n, t.size(1)}, t.dtype());
+  const std::size_t row = static_cast<std::size_t>(t.size(1)) * dtype_size(t.dtype());
+  if (n) std::memcpy(r.data(), static_cast<const char*>(t.data()) + first * row, n * row);
+  return r;
+}
+
+TEST(EpLayerCuda, SimulatedRanksOnOneGpuMatchTheSingleRankLayer) {
+  if (!have_gpu()) GTEST_SKIP() << "no GPU";
+  test::TempDir dir;
+  ExampleCheckpointSpec spec;
+  spec.layers = 1;
+  write_example_checkpoint(dir.path(), spec);
+  Fp8MoeLayerOptions opts;
+  opts.device = Device::cuda(0);
+  for (const int64_t M : {int64_t{5}, int64_t{200}}) {
+    const Tensor x = randn(M, 256, DType::kBF16, 0.1f, 11 + M);
+    const Tensor logits = randn(M, 8, DType::kF32, 1.0f, 12 + M);
+    CheckpointLayerRequest one;
+    const Fp8MoeLayer single = Fp8MoeLayer::from_checkpoint(dir.path(), one, opts);
+    if (single.device().is_cpu()) GTEST_SKIP() << "the oracle's kernel runs on the host here";
+    Tensor want = single.forward(x.to(Device::cuda(0)), logits.to(Device::cuda(0)));
+    want = want.to(Device::cpu());
+    for (const int ep : {2, 4}) {
+      std::vector<Fp8MoeLayer> layers;
+      for (int r = 0; r < ep; ++r) {
+        CheckpointLayerRequest req;
+        req.tp_size = ep;
+        req.rank = r;
+        req.enable_ep = true;
+        layers.push_back(Fp8MoeLayer::from_checkpoint(dir.path(), req, opts));
+      }
+      auto group = make_in_process_group(ep);
+      std::vector<Tensor> outs(ep);
+      std::vector<std::string> errors(ep);
+      std::vector<std::thread> threads;
+      int64_t first = 0;
+      for (int r = 0; r < ep; ++r) {
+        const int64_t n = M / ep + (r < M % ep ? 1 : 0);
+        outs[r] = Tensor::empty({n, 256}, DType::kBF16);
+        threads.emplace_back([&, r, first, n] {
+          try {
+            cudaSetDevice(0);
+            forward_expert_parallel(layers[r], *group[r], rows_of(x, first, n),
+                                    rows_of(logits, first, n), outs[r]);
+          } catch (const std::exception& e) {
+            errors[r] = e.what();
+          }
+        });
+        first += n;
+      }
+      for (auto& t : threads) t.join();
+      for (int r = 0; r < ep; ++r) ASSERT_EQ(errors[r], "") << "ep " << ep << " rank " << r;
+      Tensor got = Tensor::empty({M, 256}, DType::kBF16);
+      std::size_t off = 0;
+      for (const Tensor& o : outs) {
+        if (o.nbytes()) std::memcpy(static_cast<char*>(got.data()) + off, o.data(), o.nbytes());
+        off += o.nbytes();
+      }
+      const OutputComparison c = compare_outputs(got, want);
+      std::printf(
+          "EP %d on one GPU (%s), M = %lld: %lld of %lld values differ in bits, max |err| %g\n", ep,
+          single.kernel_for(M).impl_name.c_str(), static_cast<long long>(M),
+          static_cast<long long>(c.bitwise_mismatches), static_cast<long long>(c.count),
+          c.max_abs_err);
+      EXPECT_TRUE(c.allclose) << "ep " << ep << " M " << M << ": max |err| " << c.max_abs_err;
+      EXPECT_LT(c.mean_rel_abs_err, 0.01);
+    }
+  }
+}
+
+}  // namespace
+}  // namespace fp8moe
