@@ -8,7 +8,8 @@
 # --bench2-args runs the benchmark a second time with these arguments (bench2.log, bench2.csv),
 # e.g. "--path stream,decode --m 1,8,32" to compare two paths in the same session.
 # --ncu runs Nsight Compute (SpeedOfLight, memory, warp stalls) on the fused-MoE kernels of one
-# direct run per configuration of `bench_cuda_moe --ncu BENCH ARGS`, into ncu.log.
+# direct run per configuration of `bench_cuda_moe --ncu BENCH ARGS`, into ncu.log (NCU_SECTIONS
+# overrides the sections, e.g. "--section SpeedOfLight" for durations and throughputs only).
 #
 # Dependencies the machine may lack (gtest, fmt, nlohmann_json, CLI11, hwy, benchmark) are taken
 # from a Debian package prefix when one is found at $FP8MOE_DEPS_PREFIX or ../.debs/prefix/usr
@@ -128,9 +129,9 @@ fi
 if [ -n "$NCU_ARGS" ]; then
   stamp "ncu"
   # shellcheck disable=SC2086
-  timeout 300 ncu --clock-control none -k 'regex:moe_decode_kernel|moe_gemm_wgmma_kernel|moe_gemm_mma_kernel|moe_stream' \
-    --section SpeedOfLight --section MemoryWorkloadAnalysis --section WarpStateStats \
-    --section LaunchStats --section Occupancy --section SourceCounters --print-details all \
+  timeout 300 ncu --clock-control none -k 'regex:moe_decode_kernel|moe_gemm_wgmma_kernel|moe_gemm_mma_kernel|moe_stream|moe_route' \
+    ${NCU_SECTIONS:---section SpeedOfLight --section MemoryWorkloadAnalysis --section WarpStateStats \
+    --section LaunchStats --section Occupancy --section SourceCounters} --print-details all \
     "$BENCH" --ncu $NCU_ARGS >"$OUT/ncu.log" 2>&1
   note "ncu: rc=$?"
 fi

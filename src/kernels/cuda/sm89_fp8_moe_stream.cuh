@@ -164,13 +164,26 @@ struct StepBuf {
   float sa[NG][2];
 };
 
+// The weight half of a step (rows and block scales): depends on nothing but the expert.
 template <int SW, int NG, bool kBlock>
-__device__ __forceinline__ void step_load(StepBuf<SW, NG, kBlock>& b, const LoopArgs<NG>& L, int s,
-                                          int t4) {
+__device__ __forceinline__ void step_load_w(StepBuf<SW, NG, kBlock>& b, const LoopArgs<NG>& L,
+                                            int s, int t4) {
   const int k0 = s * SW;
   const int off = k0 + t4 * (SW / 4);
   ld_frag<SW, true>(b.lo, L.w_lo + off);
   ld_frag<SW, true>(b.hi, L.w_hi + off);
+  if constexpr (kBlock) {
+    const int kb = k0 / L.bk;
+    b.sw_lo = ld_f32(L.sw_lo + kb);
+    b.sw_hi = ld_f32(L.sw_hi + kb);
+  }
+}
+// The activation half (token rows and group scales).
+template <int SW, int NG, bool kBlock>
+__device__ __forceinline__ void step_load_x(StepBuf<SW, NG, kBlock>& b, const LoopArgs<NG>& L,
+                                            int s, int t4) {
+  const int k0 = s * SW;
+  const int off = k0 + t4 * (SW / 4);
 #pragma unroll
   for (int ng = 0; ng < NG; ++ng) {
     if (L.b[ng] >= 0) {
@@ -181,9 +194,6 @@ __device__ __forceinline__ void step_load(StepBuf<SW, NG, kBlock>& b, const Loop
     }
   }
   if constexpr (kBlock) {
-    const int kb = k0 / L.bk;
-    b.sw_lo = ld_f32(L.sw_lo + kb);
-    b.sw_hi = ld_f32(L.sw_hi + kb);
     const int si = k0 / L.gk;
 #pragma unroll
     for (int ng = 0; ng < NG; ++ng)
@@ -227,21 +237,30 @@ __device__ __forceinline__ void step_compute(const StepBuf<SW, NG, kBlock>& b,
   }
 }
 
-// The warp's K loop: steps ks, ks + KS, ... with D steps of loads in flight.
-template <int SW, int NG, int D, bool kBlock>
-__device__ __forceinline__ void stream_loop(const LoopArgs<NG>& L, float (&total)[NG][4]) {
+// The warp's K loop: steps ks, ks + KS, ... with D steps of loads in flight. The first D steps'
+// weights are requested before `fill` resolves the tokens (fill sets L.b / L.sa; it may hold a
+// barrier and the wait for the previous kernel), so the weight stream starts at once.
+template <int SW, int NG, int D, bool kBlock, typename Fill>
+__device__ __forceinline__ void stream_loop(LoopArgs<NG>& L, float (&total)[NG][4], Fill&& fill) {
   const int t4 = threadIdx.x & 3;
   StepBuf<SW, NG, kBlock> buf[D];
   const int my = L.ks < L.nsteps ? (L.nsteps - L.ks + L.KS - 1) / L.KS : 0;
 #pragma unroll
   for (int d = 0; d < D; ++d)
-    if (d < my) step_load(buf[d], L, L.ks + d * L.KS, t4);
+    if (d < my) step_load_w(buf[d], L, L.ks + d * L.KS, t4);
+  fill(L);
+#pragma unroll
+  for (int d = 0; d < D; ++d)
+    if (d < my) step_load_x(buf[d], L, L.ks + d * L.KS, t4);
   for (int i0 = 0; i0 < my; i0 += D) {
 #pragma unroll
     for (int d = 0; d < D; ++d) {
       if (i0 + d < my) {
         step_compute(buf[d], total);
-        if (i0 + d + D < my) step_load(buf[d], L, L.ks + (i0 + d + D) * L.KS, t4);
+        if (i0 + d + D < my) {
+          step_load_w(buf[d], L, L.ks + (i0 + d + D) * L.KS, t4);
+          step_load_x(buf[d], L, L.ks + (i0 + d + D) * L.KS, t4);
+        }
       }
     }
   }
@@ -268,7 +287,7 @@ __device__ __forceinline__ void store_act(void* base, bool f32, int64_t i, float
 // the stage's epilogue.
 template <int KB, int NG, bool kBlock>
 __device__ __forceinline__ void stream_pass(const StreamParams& p, bool g2, int e, int pos0,
-                                            int base, int tp, StreamSmem& sm) {
+                                            int base, int tp, StreamSmem& sm, bool wait_first) {
   const WeightSide& W = g2 ? p.w2 : p.w1;
   const int N = g2 ? p.H : p.N1, K = g2 ? p.I : p.H;
   const int RG = g2 ? p.rg2 : p.rg1, KS = kStreamWarps / RG;
@@ -298,17 +317,6 @@ __device__ __forceinline__ void stream_pass(const StreamParams& p, bool g2, int 
   L.w_lo = wexp + int64_t(n_lo) * K;
   L.w_hi = wexp + int64_t(n_hi) * K;
 #pragma unroll
-  L.a = a_base;
-  L.s = s_base;
-  for (int ng = 0; ng < NG; ++ng) {
-    const int col = ng * 8 + g;
-    L.b[ng] = col < tp ? sm.row[col] * K : -1;
-#pragma unroll
-    for (int c = 0; c < 2; ++c) {
-      const int cc = ng * 8 + 2 * t4 + c;
-      L.sa[ng][c] = kBlock && cc < tp ? sm.row[cc] * static_cast<int>(s_stride) : -1;
-    }
-  }
   L.gk = p.gk;
   const float* ws = W.scale + int64_t(e) * W.scale_e_stride;
   L.bk = W.bk;
@@ -323,7 +331,31 @@ __device__ __forceinline__ void stream_pass(const StreamParams& p, bool g2, int 
   for (int ng = 0; ng < NG; ++ng)
 #pragma unroll
     for (int r = 0; r < 4; ++r) total[ng][r] = 0.0f;
-  stream_loop<SW, NG, D, kBlock>(L, total);
+  auto fill = [&](LoopArgs<NG>& A) {
+    if (wait_first) pdl_wait();  // GEMM2: the intermediate comes from GEMM1
+    __syncthreads();             // the previous pass is done with the tables
+    if (threadIdx.x < tp) {
+      const int pos = pos0 + base + threadIdx.x;
+      const int pair = __ldcg(p.plist + pos);
+      sm.pair[threadIdx.x] = pair;
+      sm.row[threadIdx.x] = g2 ? pos : pair / p.topk;
+    }
+    if (threadIdx.x == 0) sm.n_last = 0;
+    __syncthreads();
+    A.a = a_base;
+    A.s = s_base;
+#pragma unroll
+    for (int ng = 0; ng < NG; ++ng) {
+      const int col = ng * 8 + g;
+      A.b[ng] = col < tp ? sm.row[col] * K : -1;
+#pragma unroll
+      for (int c = 0; c < 2; ++c) {
+        const int cc = ng * 8 + 2 * t4 + c;
+        A.sa[ng][c] = kBlock && cc < tp ? sm.row[cc] * static_cast<int>(s_stride) : -1;
+      }
+    }
+  };
+  stream_loop<SW, NG, D, kBlock>(L, total, fill);
 
   // K-slice warps -> the warp with ks == 0, in slice order
   if (KS > 1) {
@@ -410,34 +442,28 @@ __device__ __forceinline__ void stream_pass(const StreamParams& p, bool g2, int 
 template <int KB, int NGMAX, bool kBlock>
 __global__ void __launch_bounds__(kStreamThreads, 2)
     moe_stream_gemm_kernel(const __grid_constant__ StreamParams p, int stage) {
-  pdl_wait();
+  // GEMM1 waits for prep at once; GEMM2 reads prep's tables (complete: every GEMM1 CTA waited for
+  // prep before it let GEMM2 launch) and starts its weight stream before waiting for GEMM1
+  const bool g2 = stage == 2;
+  if (!g2) pdl_wait();
   pdl_trigger();
   __shared__ StreamSmem sm;
   const int j = blockIdx.y;
-  if (j >= p.meta[0]) return;
-  const bool g2 = stage == 2;
-  const int e = p.act[j];
-  const int pos0 = p.eoff[j], T = p.eoff[j + 1] - pos0;
+  if (j >= __ldcg(p.meta)) return;
+  const int e = __ldcg(p.act + j);
+  const int pos0 = __ldcg(p.eoff + j), T = __ldcg(p.eoff + j + 1) - pos0;
   constexpr int kPass = 8 * NGMAX;
   const int tid = threadIdx.x;
   const int RG = g2 ? p.rg2 : p.rg1;
   for (int base = 0; base < T; base += kPass) {
     const int tp = min(kPass, T - base);
-    __syncthreads();  // the previous pass is done with the tables
-    if (tid < tp) {
-      const int pos = pos0 + base + tid;
-      const int pair = p.plist[pos];
-      sm.pair[tid] = pair;
-      sm.row[tid] = g2 ? pos : pair / p.topk;
-    }
-    if (tid == 0) sm.n_last = 0;
-    __syncthreads();
+    const bool wait_first = g2 && base == 0;
     if (NGMAX == 1 || tp <= 8) {
-      stream_pass<KB, 1, kBlock>(p, g2, e, pos0, base, tp, sm);
+      stream_pass<KB, 1, kBlock>(p, g2, e, pos0, base, tp, sm, wait_first);
     } else if (NGMAX == 2 || tp <= 16) {
-      stream_pass<KB, (NGMAX >= 2 ? 2 : 1), kBlock>(p, g2, e, pos0, base, tp, sm);
+      stream_pass<KB, (NGMAX >= 2 ? 2 : 1), kBlock>(p, g2, e, pos0, base, tp, sm, wait_first);
     } else {
-      stream_pass<KB, NGMAX, kBlock>(p, g2, e, pos0, base, tp, sm);
+      stream_pass<KB, NGMAX, kBlock>(p, g2, e, pos0, base, tp, sm, wait_first);
     }
     if (g2) {
       // the top-k reduction of every token whose last local slot this CTA just finished
