@@ -264,6 +264,10 @@ std::vector<ExactCase> exact_cases() {
     s.routing_config.method = RoutingMethodType::kRenormalizeNaive;
     add("logits_renormalize_naive", s);
   }
+  {  // many experts x wide hidden: the stream path's GEMM2 warps stream several row groups
+    auto s = base_exact(40, 64, 2048, 128, 6);
+    add("stream_row_groups", s);
+  }
   {  // many tokens per expert: the stream path runs several passes of 32 tokens
     auto s = base_exact(100, 4, 256, 256, 2);
     add("many_tokens_per_expert", s);
