@@ -46,7 +46,7 @@ int stream_kb(const MoeProblem& p) {
 }
 
 struct Tiling {
-  int kb = 128, rg1 = 1, ct1 = 1, rg2 = 1, ct2 = 1, rpw2 = 1, gw1 = 0, ngr1 = 0, ngmax = 1;
+  int kb = 128, rg1 = 1, ct1 = 1, rg2 = 1, ct2 = 1, gw1 = 0, ngr1 = 0, ngmax = 1;
   int64_t n_act_max = 0;
 };
 
@@ -76,18 +76,7 @@ Tiling tiling(const MoeProblem& p) {
   t.ct1 = static_cast<int>(p.I / (unit1 * t.rg1));
   t.ngr1 = t.gw1 > 0 ? static_cast<int>(p.I / t.gw1) : 0;
   t.rg2 = pick_rg(p.I, t.kb, 16, p.H, p.H, t.n_act_max);
-  // GEMM2 without a K split: each warp streams several row groups back to back (fewer, longer
-  // CTAs amortise the table reads, the wait for GEMM1 and the reduction) while the grid still
-  // covers the SMs 1.5 times
-  if (t.rg2 == 8)
-    for (int r : {4, 2}) {
-      const int64_t tiles = p.H / (128 * r);
-      if (p.H % (128 * r) == 0 && 2 * t.n_act_max * tiles >= 3 * num_sms_stream()) {
-        t.rpw2 = r;
-        break;
-      }
-    }
-  t.ct2 = static_cast<int>(p.H / (16 * t.rg2 * t.rpw2));
+  t.ct2 = static_cast<int>(p.H / (16 * t.rg2));
   t.ngmax = p.M <= 8 ? 1 : (p.M <= 16 ? 2 : 4);
   return t;
 }
@@ -148,26 +137,6 @@ void launch_gemm(const StreamParams& sp, int ngmax, int stage, dim3 grid, cudaSt
     launch(moe_stream_gemm_kernel<KB, 2, kBlock>, grid, st, sp, stage);
   else
     launch(moe_stream_gemm_kernel<KB, 4, kBlock>, grid, st, sp, stage);
-}
-
-template <typename TX>
-void launch_prep(int lanes, dim3 grid, cudaStream_t st, const StreamParams& sp) {
-  switch (lanes) {
-    case 0:
-      return launch(moe_stream_prep_kernel<TX, 0>, grid, st, sp);
-    case 1:
-      return launch(moe_stream_prep_kernel<TX, 1>, grid, st, sp);
-    case 2:
-      return launch(moe_stream_prep_kernel<TX, 2>, grid, st, sp);
-    case 4:
-      return launch(moe_stream_prep_kernel<TX, 4>, grid, st, sp);
-    case 8:
-      return launch(moe_stream_prep_kernel<TX, 8>, grid, st, sp);
-    case 16:
-      return launch(moe_stream_prep_kernel<TX, 16>, grid, st, sp);
-    default:
-      return launch(moe_stream_prep_kernel<TX, 32>, grid, st, sp);
-  }
 }
 
 // Block weights x group activations, or neither (see stream_path_limit).
@@ -253,7 +222,6 @@ void run_stream(const MoeProblem& p, void* workspace, bool gemm_only) {
   sp.ct1 = t.ct1;
   sp.rg2 = t.rg2;
   sp.ct2 = t.ct2;
-  sp.rpw2 = t.rpw2;
   sp.gw1 = t.gw1;
   sp.ngr1 = t.ngr1;
   sp.n_act_max = static_cast<int>(t.n_act_max);
@@ -280,17 +248,14 @@ void run_stream(const MoeProblem& p, void* workspace, bool gemm_only) {
                    reinterpret_cast<float*>(ws + L.tw), st);
     }
     const dim3 grid(static_cast<unsigned>(1 + p.M));
-    const int lanes = !sp.route_fused     ? 0
-                      : p.E_global <= 32  ? 1
-                      : p.E_global <= 64  ? 2
-                      : p.E_global <= 128 ? 4
-                      : p.E_global <= 256 ? 8
-                      : p.E_global <= 512 ? 16
-                                          : 32;
     if (p.x_f32)
-      launch_prep<float>(lanes, grid, st, sp);
+      launch(sp.route_fused ? moe_stream_prep_kernel<float, true>
+                            : moe_stream_prep_kernel<float, false>,
+             grid, st, sp);
     else
-      launch_prep<uint16_t>(lanes, grid, st, sp);
+      launch(sp.route_fused ? moe_stream_prep_kernel<uint16_t, true>
+                            : moe_stream_prep_kernel<uint16_t, false>,
+             grid, st, sp);
   }
   const dim3 g1(static_cast<unsigned>(t.ct1), static_cast<unsigned>(t.n_act_max));
   const dim3 g2(static_cast<unsigned>(t.ct2), static_cast<unsigned>(t.n_act_max));

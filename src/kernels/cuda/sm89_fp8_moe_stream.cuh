@@ -57,7 +57,6 @@ struct StreamParams {
   // tiling (host-chosen): row groups of 16 weight rows per CTA (the 8 warps split K in 8 / rg)
   int rg1, ct1;  // GEMM1: column tiles per expert
   int rg2, ct2;  // GEMM2: row tiles of H per expert
-  int rpw2;      // GEMM2 (rg2 == 8, no K split): row groups each warp streams one after another
   int gw1;       // columns of one intermediate quantisation group (gk, or I per token)
   int ngr1;      // groups per expert (0: static scale, no counters)
   int n_act_max;
@@ -119,21 +118,16 @@ __device__ __forceinline__ float ld_f32(const float* p) {
   return v;
 }
 
-// SW/4 bytes of one row for one lane (SW: K covered by one step of the loop). Lane t4 starts at
-// byte lane_off<SW>(t4) of the step.
+// SW/4 bytes of one row for one lane (SW: K covered by one step of the loop).
 template <int SW>
 struct Frag {
   uint32_t r[SW / 16];
 };
-template <int SW>
-__device__ __forceinline__ int lane_off(int t4) {
-  return SW == 128 ? t4 * 16 : t4 * (SW / 4);
-}
 template <int SW, bool kWeight>
 __device__ __forceinline__ void ld_frag(Frag<SW>& f, const uint8_t* p) {
-  if constexpr (SW == 128) {  // bytes 16 t4 and 64 + 16 t4: every load fills whole sectors
+  if constexpr (SW == 128) {
     const uint4 a = kWeight ? ld_stream16(p) : ld_act16(p);
-    const uint4 b = kWeight ? ld_stream16(p + 64) : ld_act16(p + 64);
+    const uint4 b = kWeight ? ld_stream16(p + 16) : ld_act16(p + 16);
     f.r[0] = a.x, f.r[1] = a.y, f.r[2] = a.z, f.r[3] = a.w;
     f.r[4] = b.x, f.r[5] = b.y, f.r[6] = b.z, f.r[7] = b.w;
   } else if constexpr (SW == 64) {
@@ -159,10 +153,6 @@ struct LoopArgs {
   const float* sw_hi;
   int bk;
   int ks, KS, nsteps;  // this warp's K slice, the slice count, steps of SW over K
-  // several row groups per warp (rpw > 1, KS == 1): group r is rows n + r * rg_rows
-  int rpw, my, rg_rows, n_lo0, n_hi0, bn;
-  int64_t rg_bytes, sn_stride;
-  const float* sw_base;
 };
 
 // One step's registers.
@@ -175,43 +165,25 @@ struct StepBuf {
 };
 
 // The weight half of a step (rows and block scales): depends on nothing but the expert.
-// Step q of the warp's sequence: row group q / my, K step ks + (q % my) * KS.
-template <int NG>
-__device__ __forceinline__ int step_k(const LoopArgs<NG>& L, int q, int& rgi) {
-  rgi = 0;
-  if (L.rpw > 1) {
-    rgi = q / L.my;
-    q -= rgi * L.my;
-  }
-  return L.ks + q * L.KS;
-}
 template <int SW, int NG, bool kBlock>
 __device__ __forceinline__ void step_load_w(StepBuf<SW, NG, kBlock>& b, const LoopArgs<NG>& L,
-                                            int q, int t4) {
-  int rgi;
-  const int k0 = step_k(L, q, rgi) * SW;
-  const int64_t off = k0 + lane_off<SW>(t4) + rgi * L.rg_bytes;
+                                            int s, int t4) {
+  const int k0 = s * SW;
+  const int off = k0 + t4 * (SW / 4);
   ld_frag<SW, true>(b.lo, L.w_lo + off);
   ld_frag<SW, true>(b.hi, L.w_hi + off);
   if constexpr (kBlock) {
     const int kb = k0 / L.bk;
-    if (L.rpw > 1) {
-      const int r = rgi * L.rg_rows;
-      b.sw_lo = ld_f32(L.sw_base + ((L.n_lo0 + r) / L.bn) * L.sn_stride + kb);
-      b.sw_hi = ld_f32(L.sw_base + ((L.n_hi0 + r) / L.bn) * L.sn_stride + kb);
-    } else {
-      b.sw_lo = ld_f32(L.sw_lo + kb);
-      b.sw_hi = ld_f32(L.sw_hi + kb);
-    }
+    b.sw_lo = ld_f32(L.sw_lo + kb);
+    b.sw_hi = ld_f32(L.sw_hi + kb);
   }
 }
 // The activation half (token rows and group scales).
 template <int SW, int NG, bool kBlock>
 __device__ __forceinline__ void step_load_x(StepBuf<SW, NG, kBlock>& b, const LoopArgs<NG>& L,
-                                            int q, int t4) {
-  int rgi;
-  const int k0 = step_k(L, q, rgi) * SW;
-  const int off = k0 + lane_off<SW>(t4);
+                                            int s, int t4) {
+  const int k0 = s * SW;
+  const int off = k0 + t4 * (SW / 4);
 #pragma unroll
   for (int ng = 0; ng < NG; ++ng) {
     if (L.b[ng] >= 0) {
@@ -267,39 +239,27 @@ __device__ __forceinline__ void step_compute(const StepBuf<SW, NG, kBlock>& b,
 
 // The warp's K loop: steps ks, ks + KS, ... with D steps of loads in flight. The first D steps'
 // weights are requested before `fill` resolves the tokens (fill sets L.b / L.sa; it may hold a
-// barrier and the wait for the previous kernel), so the weight stream starts at once. With
-// L.rpw > 1 the warp streams rpw row groups back to back and `flush(r, total)` takes each
-// group's sums as soon as its last step is done, while the next group's loads are in flight.
-template <int SW, int NG, int D, bool kBlock, typename Fill, typename Flush>
-__device__ __forceinline__ void stream_loop(LoopArgs<NG>& L, float (&total)[NG][4], Fill&& fill,
-                                            Flush&& flush) {
+// barrier and the wait for the previous kernel), so the weight stream starts at once.
+template <int SW, int NG, int D, bool kBlock, typename Fill>
+__device__ __forceinline__ void stream_loop(LoopArgs<NG>& L, float (&total)[NG][4], Fill&& fill) {
   const int t4 = threadIdx.x & 3;
   StepBuf<SW, NG, kBlock> buf[D];
-  L.my = L.ks < L.nsteps ? (L.nsteps - L.ks + L.KS - 1) / L.KS : 0;
-  const int Q = L.my * L.rpw;
+  const int my = L.ks < L.nsteps ? (L.nsteps - L.ks + L.KS - 1) / L.KS : 0;
 #pragma unroll
   for (int d = 0; d < D; ++d)
-    if (d < Q) step_load_w(buf[d], L, d, t4);
+    if (d < my) step_load_w(buf[d], L, L.ks + d * L.KS, t4);
   fill(L);
 #pragma unroll
   for (int d = 0; d < D; ++d)
-    if (d < Q) step_load_x(buf[d], L, d, t4);
-  for (int q0 = 0; q0 < Q; q0 += D) {
+    if (d < my) step_load_x(buf[d], L, L.ks + d * L.KS, t4);
+  for (int i0 = 0; i0 < my; i0 += D) {
 #pragma unroll
     for (int d = 0; d < D; ++d) {
-      const int q = q0 + d;
-      if (q < Q) {
+      if (i0 + d < my) {
         step_compute(buf[d], total);
-        if (q + D < Q) {
-          step_load_w(buf[d], L, q + D, t4);
-          step_load_x(buf[d], L, q + D, t4);
-        }
-        if (L.rpw > 1 && (q + 1) % L.my == 0) {
-          flush(q / L.my, total);
-#pragma unroll
-          for (int ng = 0; ng < NG; ++ng)
-#pragma unroll
-            for (int r = 0; r < 4; ++r) total[ng][r] = 0.0f;
+        if (i0 + d + D < my) {
+          step_load_w(buf[d], L, L.ks + (i0 + d + D) * L.KS, t4);
+          step_load_x(buf[d], L, L.ks + (i0 + d + D) * L.KS, t4);
         }
       }
     }
@@ -334,17 +294,15 @@ __device__ __forceinline__ void stream_pass(const StreamParams& p, bool g2, int 
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t4 = lane & 3;
   const int rg = warp % RG, ks = warp / RG;
   const int tile = blockIdx.x;
-  const int rpw = g2 ? p.rpw2 : 1;
   int n_lo, n_hi, col_lo = 0;  // weight rows of fragment rows g, g + 8; GEMM1: output column
   if (g2 || !p.gated) {
-    n_lo = tile * 16 * RG * rpw + rg * 16 + g;
+    n_lo = tile * 16 * RG + rg * 16 + g;
     n_hi = n_lo + 8;
   } else {
     col_lo = tile * 8 * RG + rg * 8 + g;
     n_lo = p.interleaved ? 2 * col_lo : col_lo;
     n_hi = p.interleaved ? 2 * col_lo + 1 : p.I + col_lo;
   }
-  const int n_lo_0 = n_lo, n_hi_0 = n_hi;
   const int aq = g2 ? p.aq2 : p.aq1;
   const uint8_t* a_base = g2 ? p.qh : p.qx;
   const float* s_base = g2 ? p.sh : p.sx;
@@ -358,6 +316,7 @@ __device__ __forceinline__ void stream_pass(const StreamParams& p, bool g2, int 
   const uint8_t* wexp = W.w + int64_t(e) * N * K;
   L.w_lo = wexp + int64_t(n_lo) * K;
   L.w_hi = wexp + int64_t(n_hi) * K;
+#pragma unroll
   L.gk = p.gk;
   const float* ws = W.scale + int64_t(e) * W.scale_e_stride;
   L.bk = W.bk;
@@ -366,14 +325,6 @@ __device__ __forceinline__ void stream_pass(const StreamParams& p, bool g2, int 
   L.ks = ks;
   L.KS = KS;
   L.nsteps = K / SW;
-  L.rpw = rpw;
-  L.rg_rows = 16 * RG;
-  L.rg_bytes = int64_t(16 * RG) * K;
-  L.n_lo0 = n_lo;
-  L.n_hi0 = n_hi;
-  L.bn = W.bn;
-  L.sn_stride = W.scale_n_stride;
-  L.sw_base = ws;
 
   float total[NG][4];
 #pragma unroll
@@ -404,72 +355,7 @@ __device__ __forceinline__ void stream_pass(const StreamParams& p, bool g2, int 
       }
     }
   };
-  // epilogue of one row group (rows n_lo + r * 16 RG, n_hi + ...; r > 0 only for GEMM2)
-  auto epi = [&](int r, const float(&tot)[NG][4]) {
-    const int n_lo = n_lo_0 + r * 16 * RG, n_hi = n_hi_0 + r * 16 * RG;
-    const void* bias = W.bias;
-#pragma unroll
-    for (int ng = 0; ng < NG; ++ng)
-#pragma unroll
-      for (int c = 0; c < 2; ++c) {
-        const int col = ng * 8 + 2 * t4 + c;
-        if (col >= tp) continue;
-        float v_lo = tot[ng][c], v_hi = tot[ng][2 + c];
-        if (!kBlock) {  // unscaled sums: * s_a, then * s_w (the reference's order)
-          const float sa = aq == static_cast<int>(AQuant::kTensorStatic)
-                               ? s_tensor[0]
-                               : s_base[int64_t(sm.row[col]) * s_stride];
-          v_lo = v_lo * sa * weight_scale(W, e, n_lo, N, 0);
-          v_hi = v_hi * sa * weight_scale(W, e, n_hi, N, 0);
-        }
-        if (bias) {
-          const int64_t b0 = int64_t(e) * N;
-          v_lo += W.bias_bf16 ? bf16_bits_to_float(static_cast<const uint16_t*>(bias)[b0 + n_lo])
-                              : static_cast<const float*>(bias)[b0 + n_lo];
-          v_hi += W.bias_bf16 ? bf16_bits_to_float(static_cast<const uint16_t*>(bias)[b0 + n_hi])
-                              : static_cast<const float*>(bias)[b0 + n_hi];
-        }
-        const int pos = pos0 + base + col;
-        if (g2) {
-          const int pair = sm.pair[col];
-          if (!p.router_on_input) {
-            const float rw = p.tw[pair];
-            v_lo *= rw;
-            v_hi *= rw;
-          }
-          store_act(p.y2, p.x_f32, int64_t(pair) * p.H + n_lo, v_lo);
-          store_act(p.y2, p.x_f32, int64_t(pair) * p.H + n_hi, v_hi);
-          continue;
-        }
-        // GEMM1: y1 rounded to the activation dtype, activation, h rounded, then stored for the
-        // group quantisation or quantised with the static scale
-        const float y_lo = round_act(p.ap, v_lo), y_hi = round_act(p.ap, v_hi);
-        float h[2];
-        int hc[2];
-        int nh;
-        if (p.gated) {
-          h[0] = act_gated(p.ap, y_lo, y_hi);
-          hc[0] = col_lo;
-          nh = 1;
-        } else {
-          h[0] = act_plain(p.ap, y_lo);
-          h[1] = act_plain(p.ap, y_hi);
-          hc[0] = n_lo;
-          hc[1] = n_hi;
-          nh = 2;
-        }
-        for (int q = 0; q < nh; ++q) {
-          const float hv = p.h_f32 ? h[q] : bf16_round(h[q]);
-          const int64_t idx = int64_t(pos) * p.I + hc[q];
-          if (p.aq2 == static_cast<int>(AQuant::kTensorStatic))
-            p.qh[idx] = float_to_e4m3(hv * (1.0f / p.a2_scale[0]));
-          else
-            p.hbuf[idx] = hv;
-        }
-      }
-  };
-  stream_loop<SW, NG, D, kBlock>(L, total, fill, epi);
-  if (rpw > 1) return;  // every row group went through epi inside the loop
+  stream_loop<SW, NG, D, kBlock>(L, total, fill);
 
   // K-slice warps -> the warp with ks == 0, in slice order
   if (KS > 1) {
@@ -488,7 +374,67 @@ __device__ __forceinline__ void stream_pass(const StreamParams& p, bool g2, int 
   }
   if (ks != 0) return;
 
-  epi(0, total);
+  // epilogue (warps of slice 0)
+  const void* bias = W.bias;
+#pragma unroll
+  for (int ng = 0; ng < NG; ++ng)
+#pragma unroll
+    for (int c = 0; c < 2; ++c) {
+      const int col = ng * 8 + 2 * t4 + c;
+      if (col >= tp) continue;
+      float v_lo = total[ng][c], v_hi = total[ng][2 + c];
+      if (!kBlock) {  // unscaled sums: * s_a, then * s_w (the reference's order)
+        const float sa = aq == static_cast<int>(AQuant::kTensorStatic)
+                             ? s_tensor[0]
+                             : s_base[int64_t(sm.row[col]) * s_stride];
+        v_lo = v_lo * sa * weight_scale(W, e, n_lo, N, 0);
+        v_hi = v_hi * sa * weight_scale(W, e, n_hi, N, 0);
+      }
+      if (bias) {
+        const int64_t b0 = int64_t(e) * N;
+        v_lo += W.bias_bf16 ? bf16_bits_to_float(static_cast<const uint16_t*>(bias)[b0 + n_lo])
+                            : static_cast<const float*>(bias)[b0 + n_lo];
+        v_hi += W.bias_bf16 ? bf16_bits_to_float(static_cast<const uint16_t*>(bias)[b0 + n_hi])
+                            : static_cast<const float*>(bias)[b0 + n_hi];
+      }
+      const int pos = pos0 + base + col;
+      if (g2) {
+        const int pair = sm.pair[col];
+        if (!p.router_on_input) {
+          const float rw = p.tw[pair];
+          v_lo *= rw;
+          v_hi *= rw;
+        }
+        store_act(p.y2, p.x_f32, int64_t(pair) * p.H + n_lo, v_lo);
+        store_act(p.y2, p.x_f32, int64_t(pair) * p.H + n_hi, v_hi);
+        continue;
+      }
+      // GEMM1: y1 rounded to the activation dtype, activation, h rounded, then stored for the
+      // group quantisation or quantised with the static scale
+      const float y_lo = round_act(p.ap, v_lo), y_hi = round_act(p.ap, v_hi);
+      float h[2];
+      int hc[2];
+      int nh;
+      if (p.gated) {
+        h[0] = act_gated(p.ap, y_lo, y_hi);
+        hc[0] = col_lo;
+        nh = 1;
+      } else {
+        h[0] = act_plain(p.ap, y_lo);
+        h[1] = act_plain(p.ap, y_hi);
+        hc[0] = n_lo;
+        hc[1] = n_hi;
+        nh = 2;
+      }
+      for (int q = 0; q < nh; ++q) {
+        const float hv = p.h_f32 ? h[q] : bf16_round(h[q]);
+        const int64_t idx = int64_t(pos) * p.I + hc[q];
+        if (p.aq2 == static_cast<int>(AQuant::kTensorStatic))
+          p.qh[idx] = float_to_e4m3(hv * (1.0f / p.a2_scale[0]));
+        else
+          p.hbuf[idx] = hv;
+      }
+    }
 }
 
 // kBlock: block weights x group activations (promoted every step); otherwise per-tensor /
@@ -534,7 +480,7 @@ __global__ void __launch_bounds__(kStreamThreads, 2)
       __syncthreads();
       if (sm.n_last > 0) {
         __threadfence();
-        const int rows = 16 * RG * p.rpw2, n0 = blockIdx.x * rows;
+        const int rows = 16 * RG, n0 = blockIdx.x * rows;
         for (int i = tid; i < sm.n_last * rows; i += kStreamThreads) {
           const int tok = sm.last[i / rows], n = n0 + i % rows;
           float acc = 0.0f;
@@ -588,9 +534,7 @@ __global__ void __launch_bounds__(kStreamThreads, 2)
 }
 
 // ---- prep: alignment (CTA 0) and per-token quantisation (CTA 1 + t) ---------------------------
-// kRoute: 0 = ids given or routed by the routing kernel; else experts per lane of the fused
-// routing (one instantiation per kernel keeps the code small).
-template <typename TX, int kRoute>
+template <typename TX, bool kRoute>
 __global__ void __launch_bounds__(kStreamThreads)
     moe_stream_prep_kernel(const __grid_constant__ StreamParams p) {
   pdl_wait();
@@ -603,12 +547,12 @@ __global__ void __launch_bounds__(kStreamThreads)
     int32_t* s_cur = s_tab + 2048;
     int32_t* s_off = s_tab + 3072;
     __shared__ int32_t s_wa[kStreamWarps], s_wc[kStreamWarps];
-    if constexpr (kRoute > 0) {  // one warp per token (M <= 8), E_global + 32 floats each
+    if constexpr (kRoute) {  // one warp per token (M <= 8), scratch of E_global + 32 floats each
       const int warp = tid >> 5;
       if (warp < p.M)
-        route_token_warp_t<kRoute>(p.rp, warp, p.E_global, p.topk,
-                                   reinterpret_cast<float*>(s_tab) + warp * (p.E_global + 32),
-                                   p.ids_ws + warp * p.topk, p.tw_ws + warp * p.topk);
+        route_token_warp(p.rp, warp, p.E_global, p.topk,
+                         reinterpret_cast<float*>(s_tab) + warp * (p.E_global + 32),
+                         p.ids_ws + warp * p.topk, p.tw_ws + warp * p.topk);
       __syncthreads();
     }
     const int E = p.E;
@@ -684,12 +628,11 @@ __global__ void __launch_bounds__(kStreamThreads)
   const int t = blockIdx.x - 1;
   const int32_t* tids = p.ids + t * p.topk;
   const float* ttw = p.tw + t * p.topk;
-  if constexpr (kRoute > 0) {  // the same routing as CTA 0's, for this token only
+  if constexpr (kRoute) {  // the same routing as CTA 0's, for this token only
     __shared__ int32_t s_ids[32];
     __shared__ float s_tw[32];
     if (tid < 32)
-      route_token_warp_t<kRoute>(p.rp, t, p.E_global, p.topk, reinterpret_cast<float*>(s_tab),
-                                 s_ids, s_tw);
+      route_token_warp(p.rp, t, p.E_global, p.topk, reinterpret_cast<float*>(s_tab), s_ids, s_tw);
     __syncthreads();
     tids = s_ids;
     ttw = s_tw;

@@ -252,17 +252,15 @@ __device__ __forceinline__ void route_token_warp(const RoutingParams& rp, int t,
     route_token_warp_t<32>(rp, t, E, topk, sbuf, out_ids, out_w);
 }
 
-// One experts-per-lane instantiation per kernel: a single routing variant keeps the code small
-// (a warp walking cold code of all six variants was measured at ~30 us per token on an H200).
-template <int kWarps, int kPerLane>
+template <int kWarps>
 __global__ void __launch_bounds__(kWarps * 32)
     moe_route_kernel(RoutingParams rp, int M, int E, int topk, int32_t* topk_ids, float* topk_w) {
   extern __shared__ float route_smem[];
   const int warp = threadIdx.x >> 5;
   const int t = blockIdx.x * kWarps + warp;
   if (t >= M) return;
-  route_token_warp_t<kPerLane>(rp, t, E, topk, route_smem + warp * (E + 32),
-                               topk_ids + int64_t(t) * topk, topk_w + int64_t(t) * topk);
+  route_token_warp(rp, t, E, topk, route_smem + warp * (E + 32), topk_ids + int64_t(t) * topk,
+                   topk_w + int64_t(t) * topk);
 }
 
 }  // namespace fp8moe::cuda
