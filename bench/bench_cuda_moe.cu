@@ -10,7 +10,7 @@
 // measured ceilings. Output: a table on stdout and a CSV (--csv FILE).
 //
 //   bench_cuda_moe [--quick] [--csv FILE] [--shape NAME] [--m LIST] [--path
-//   auto|generic|decode|wgmma]
+//   auto|generic|decode|wgmma|stream[,...]]   (a list measures each path that takes the problem)
 #include <cublasLt.h>
 #include <cuda_runtime.h>
 
@@ -312,13 +312,28 @@ int main(int argc, char** argv) {
     std::printf("bench_cuda_moe: no GPU with the compiled architecture; nothing to measure\n");
     return 0;
   }
-  cuda::Path forced = cuda::Path::kAuto;
-  if (path_arg == "generic")
-    forced = cuda::Path::kGeneric;
-  else if (path_arg == "decode")
-    forced = cuda::Path::kDecode;
-  else if (path_arg == "wgmma")
-    forced = cuda::Path::kWgmma;
+  std::vector<cuda::Path> paths;
+  for (size_t p = 0; p < path_arg.size();) {
+    const size_t q = path_arg.find(',', p);
+    const std::string n = path_arg.substr(p, q == std::string::npos ? std::string::npos : q - p);
+    p = q == std::string::npos ? path_arg.size() : q + 1;
+    if (n == "generic")
+      paths.push_back(cuda::Path::kGeneric);
+    else if (n == "decode")
+      paths.push_back(cuda::Path::kDecode);
+    else if (n == "wgmma")
+      paths.push_back(cuda::Path::kWgmma);
+    else if (n == "stream")
+      paths.push_back(cuda::Path::kStream);
+    else if (n == "auto")
+      paths.push_back(cuda::Path::kAuto);
+    else {
+      std::fprintf(stderr, "unknown path %s\n", n.c_str());
+      return 2;
+    }
+  }
+  if (paths.empty()) paths.push_back(cuda::Path::kAuto);
+  const cuda::Path forced = paths[0];
   cudaStream_t st;
   CK(cudaStreamCreate(&st));
   const std::string dev = cuda::device_name();
@@ -449,11 +464,10 @@ int main(int argc, char** argv) {
           int rb2;
           const char* name;
         };
-        const Cand cands[] = {{cuda::Path::kDecode, 1, "decode"},
-                              {cuda::Path::kDecode, 2, "decode"},
-                              {cuda::Path::kDecode, 4, "decode"},
-                              {cuda::Path::kGeneric, 0, "generic"},
-                              {cuda::Path::kWgmma, 0, "wgmma"}};
+        const Cand cands[] = {
+            {cuda::Path::kDecode, 1, "decode"}, {cuda::Path::kDecode, 2, "decode"},
+            {cuda::Path::kDecode, 4, "decode"}, {cuda::Path::kGeneric, 0, "generic"},
+            {cuda::Path::kWgmma, 0, "wgmma"},   {cuda::Path::kStream, 0, "stream"}};
         float best_us = 1e30f;
         cuda::TunedConfig best;
         for (const Cand& c : cands) {
@@ -528,68 +542,74 @@ int main(int argc, char** argv) {
                     cuda::path_name(cuda::choose_path(a0)));
         continue;
       }
-      Row r;
-      r.shape = sh.name;
-      r.M = M;
-      try {
-        FusedMoeArgs a0 = make_args(0, false);
-        r.path = cuda::path_name(cuda::choose_path(a0));
-        size_t need = 0;
-        for (int l = 0; l < L; ++l)
-          need = std::max({need, impl.workspace_size(make_args(l, false)),
-                           impl.workspace_size(make_args(l, true))});
-        if (need > ws_bytes) {
-          for (void*& w : ws) {
-            if (w) CK(cudaFree(w));
-            w = dalloc(need);
+      for (const cuda::Path pth : paths) {
+        cuda::set_path_override(pth);
+        if (pth != cuda::Path::kAuto && !cuda::path_limit(pth, make_args(0, false)).empty())
+          continue;
+        Row r;
+        r.shape = sh.name;
+        r.M = M;
+        try {
+          FusedMoeArgs a0 = make_args(0, false);
+          r.path = cuda::path_name(cuda::choose_path(a0));
+          size_t need = 0;
+          for (int l = 0; l < L; ++l)
+            need = std::max({need, impl.workspace_size(make_args(l, false)),
+                             impl.workspace_size(make_args(l, true))});
+          if (need > ws_bytes) {
+            for (void*& w : ws) {
+              if (w) CK(cudaFree(w));
+              w = dalloc(need);
+            }
+            ws_bytes = need;
           }
-          ws_bytes = need;
+          // full layer: routing from logits, one shared workspace (as vLLM shares its workspace)
+          r.full_us = 1000.0f *
+                      time_graph(
+                          st,
+                          [&] {
+                            for (int l = 0; l < L; ++l) impl.run(make_args(l, false), ws[0]);
+                          },
+                          20) /
+                      L;
+          // GEMM-only: precomputed routing; generic/wgmma paths launch only the two GEMM kernels
+          // over each layer's workspace, filled by an untimed run first
+          for (int l = 0; l < L; ++l) impl.run(make_args(l, true), ws[l]);
+          CK(cudaStreamSynchronize(st));
+          const bool gemm_only = r.path != "decode";  // stream: GEMM1 + GEMM2 (+ top-k sum)
+          cuda::set_bench_gemm_only(gemm_only);
+          r.gemm_us = 1000.0f *
+                      time_graph(
+                          st,
+                          [&] {
+                            for (int l = 0; l < L; ++l) impl.run(make_args(l, true), ws[l]);
+                          },
+                          20) /
+                      L;
+          cuda::set_bench_gemm_only(false);
+        } catch (const std::exception& e) {
+          std::printf("%s M=%lld: %s\n", sh.name, (long long)M, e.what());
+          cuda::set_bench_gemm_only(false);
+          continue;
         }
-        // full layer: routing from logits, one shared workspace (as vLLM shares its workspace)
-        r.full_us = 1000.0f *
-                    time_graph(
-                        st,
-                        [&] {
-                          for (int l = 0; l < L; ++l) impl.run(make_args(l, false), ws[0]);
-                        },
-                        20) /
-                    L;
-        // GEMM-only: precomputed routing; generic/wgmma paths launch only the two GEMM kernels
-        // over each layer's workspace, filled by an untimed run first
-        for (int l = 0; l < L; ++l) impl.run(make_args(l, true), ws[l]);
-        CK(cudaStreamSynchronize(st));
-        const bool gemm_only = r.path != "decode";
-        cuda::set_bench_gemm_only(gemm_only);
-        r.gemm_us = 1000.0f *
-                    time_graph(
-                        st,
-                        [&] {
-                          for (int l = 0; l < L; ++l) impl.run(make_args(l, true), ws[l]);
-                        },
-                        20) /
-                    L;
-        cuda::set_bench_gemm_only(false);
-      } catch (const std::exception& e) {
-        std::printf("%s M=%lld: %s\n", sh.name, (long long)M, e.what());
-        cuda::set_bench_gemm_only(false);
-        continue;
+        int64_t touched = 0;
+        for (const Layer& ly : layers) touched += ly.touched;
+        r.touched = touched / L;
+        r.bytes = double(r.touched) * (N1 * H + H * I);
+        r.tbs = r.bytes / (r.full_us * 1e-6) / 1e12;
+        r.bw_frac = r.tbs / bw;
+        r.floor_us = r.bytes / (bw * 1e12) * 1e6;
+        r.tflops = 6.0 * M * k * I * H / (r.full_us * 1e-6) / 1e12;
+        r.mma_frac = mma > 0 ? r.tflops / mma : 0;
+        rows.push_back(r);
+        std::printf(
+            "%-20s M=%-5lld %-8s full %9.1f us  gemm %9.1f us  experts %4lld  %6.3f TB/s (%5.1f%% "
+            "bw)  %7.1f TFLOP/s (%5.1f%% cublasLt)  floor %8.1f us  x%.2f\n",
+            r.shape.c_str(), (long long)M, r.path.c_str(), r.full_us, r.gemm_us,
+            (long long)r.touched, r.tbs, 100 * r.bw_frac, r.tflops, 100 * r.mma_frac, r.floor_us,
+            r.full_us / r.floor_us);
+        std::fflush(stdout);
       }
-      int64_t touched = 0;
-      for (const Layer& ly : layers) touched += ly.touched;
-      r.touched = touched / L;
-      r.bytes = double(r.touched) * (N1 * H + H * I);
-      r.tbs = r.bytes / (r.full_us * 1e-6) / 1e12;
-      r.bw_frac = r.tbs / bw;
-      r.floor_us = r.bytes / (bw * 1e12) * 1e6;
-      r.tflops = 6.0 * M * k * I * H / (r.full_us * 1e-6) / 1e12;
-      r.mma_frac = mma > 0 ? r.tflops / mma : 0;
-      rows.push_back(r);
-      std::printf(
-          "%-20s M=%-5lld %-8s full %9.1f us  gemm %9.1f us  experts %4lld  %6.3f TB/s (%5.1f%% "
-          "bw)  %7.1f TFLOP/s (%5.1f%% cublasLt)  floor %8.1f us  x%.2f\n",
-          r.shape.c_str(), (long long)M, r.path.c_str(), r.full_us, r.gemm_us, (long long)r.touched,
-          r.tbs, 100 * r.bw_frac, r.tflops, 100 * r.mma_frac, r.floor_us, r.full_us / r.floor_us);
-      std::fflush(stdout);
     }
     cuda::set_path_override(cuda::Path::kAuto);
     for (Layer& ly : layers) {

@@ -4,9 +4,12 @@
 # every log under $OUT (or ./gpu_out) and a short summary printed last.
 #
 #   scripts/gpu_session.sh [--no-tests] [--no-sanitize] [--no-bench] [--bench-args "..."]
-#                          [--tests-filter REGEX] [--ncu "BENCH ARGS"]
+#                          [--tests-filter REGEX] [--ncu "BENCH ARGS"] [--bench2-args "..."]
+# --bench2-args runs the benchmark a second time with these arguments (bench2.log, bench2.csv),
+# e.g. "--path stream,decode --m 1,8,32" to compare two paths in the same session.
 # --ncu runs Nsight Compute (SpeedOfLight, memory, warp stalls) on the fused-MoE kernels of one
-# direct run per configuration of `bench_cuda_moe --ncu BENCH ARGS`, into ncu.log.
+# direct run per configuration of `bench_cuda_moe --ncu BENCH ARGS`, into ncu.log (NCU_SECTIONS
+# overrides the sections, e.g. "--section SpeedOfLight" for durations and throughputs only).
 #
 # Dependencies the machine may lack (gtest, fmt, nlohmann_json, CLI11, hwy, benchmark) are taken
 # from a Debian package prefix when one is found at $FP8MOE_DEPS_PREFIX or ../.debs/prefix/usr
@@ -22,6 +25,7 @@ RUN_SAN=1
 RUN_BENCH=1
 BENCH_ARGS=""
 NCU_ARGS=""
+BENCH2_ARGS=""
 TESTS_FILTER="Cuda"
 while [ $# -gt 0 ]; do
   case "$1" in
@@ -31,6 +35,7 @@ while [ $# -gt 0 ]; do
     --bench-args) BENCH_ARGS="$2"; shift ;;
     --tests-filter) TESTS_FILTER="$2"; shift ;;
     --ncu) NCU_ARGS="$2"; shift ;;
+    --bench2-args) BENCH2_ARGS="$2"; shift ;;
     *) echo "unknown argument $1"; exit 2 ;;
   esac
   shift
@@ -105,14 +110,11 @@ if [ $RUN_TESTS -eq 1 ]; then
   note "tests: rc=$TEST_RC; $(grep -E 'tests passed|tests failed' "$OUT/tests.log" | tail -1)"
   grep -E '^\s+[0-9]+ - .*\((Failed|Timeout|SEGFAULT|Subprocess)' "$OUT/tests.log" | head -30 |
     tee -a "$SUMMARY"
-filter='Cases/CudaExact.*' \
-    >>"$OUT/tests.log" 2>&1
-  note "exact cases (all paths), wgmma promoting every 32: rc=$?; $(grep -E '^\[  (PASSED|FAILED)  \]' "$OUT/tests.log" | tail -2 | tr '\n' ' ')"
 fi
 
 # ---- compute-sanitizer subset -------------------------------------------------------------------
 if [ $RUN_SAN -eq 1 ]; then
-  SAN_FILTER='Cases/CudaExact.BitwiseOnEveryPath/block128_M5:Cases/CudaExact.BitwiseOnEveryPath/expert_parallel:Cases/CudaExact.BitwiseOnEveryPath/per_tensor_static:CudaExactBatched.MaskedFormatEntryPoint'
+  SAN_FILTER='CudaStreamPath.ExpertMapPaddedSlotsAndEmptyExperts:Cases/CudaExact.BitwiseOnEveryPath/block128_M5:Cases/CudaExact.BitwiseOnEveryPath/expert_parallel:Cases/CudaExact.BitwiseOnEveryPath/per_tensor_static:CudaExactBatched.MaskedFormatEntryPoint'
   for tool in memcheck racecheck; do
     stamp "compute-sanitizer $tool"
     timeout 300 compute-sanitizer --tool $tool --error-exitcode 9 "$TESTS" \
@@ -127,9 +129,9 @@ fi
 if [ -n "$NCU_ARGS" ]; then
   stamp "ncu"
   # shellcheck disable=SC2086
-  timeout 300 ncu --clock-control none -k 'regex:moe_decode_kernel|moe_gemm_wgmma_kernel|moe_gemm_mma_kernel' \
-    --section SpeedOfLight --section MemoryWorkloadAnalysis --section WarpStateStats \
-    --section LaunchStats --section Occupancy --section SourceCounters --print-details all \
+  timeout 300 ncu --clock-control none -k 'regex:moe_decode_kernel|moe_gemm_wgmma_kernel|moe_gemm_mma_kernel|moe_stream|moe_route' \
+    ${NCU_SECTIONS:---section SpeedOfLight --section MemoryWorkloadAnalysis --section WarpStateStats \
+    --section LaunchStats --section Occupancy --section SourceCounters} --print-details all \
     "$BENCH" --ncu $NCU_ARGS >"$OUT/ncu.log" 2>&1
   note "ncu: rc=$?"
 fi
@@ -140,10 +142,16 @@ if [ $RUN_BENCH -eq 1 ]; then
   # shellcheck disable=SC2086
   "$BENCH" --csv "$OUT/bench.csv" $BENCH_ARGS >"$OUT/bench.log" 2>&1
   note "bench: rc=$?"
+  if [ -n "$BENCH2_ARGS" ]; then
+    # shellcheck disable=SC2086
+    "$BENCH" --csv "$OUT/bench2.csv" $BENCH2_ARGS >"$OUT/bench2.log" 2>&1
+    note "bench2: rc=$?"
+  fi
 fi
 
 stamp "done"
 echo "=================== summary ==================="
 cat "$SUMMARY"
 [ -f "$OUT/bench.log" ] && sed -n '/== summary/,$p' "$OUT/bench.log" && grep -E '^device|^ceilings' "$OUT/bench.log"
+[ -f "$OUT/bench2.log" ] && echo "== bench2" && sed -n '/== summary/,$p' "$OUT/bench2.log"
 exit 0

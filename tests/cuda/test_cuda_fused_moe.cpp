@@ -34,7 +34,7 @@ using testing::RoutingPattern;
       GTEST_SKIP() << "no GPU with the compiled architecture (sm_90a) is available here"; \
   } while (0)
 
-const Path kAllPaths[] = {Path::kGeneric, Path::kDecode, Path::kWgmma};
+const Path kAllPaths[] = {Path::kGeneric, Path::kDecode, Path::kWgmma, Path::kStream};
 
 // Restores the path override when a test ends.
 struct PathGuard {
@@ -263,6 +263,14 @@ std::vector<ExactCase> exact_cases() {
     s.routing = RoutingPattern::kLogits;
     s.routing_config.method = RoutingMethodType::kRenormalizeNaive;
     add("logits_renormalize_naive", s);
+  }
+  {  // many experts x wide hidden: the stream path's GEMM2 warps stream several row groups
+    auto s = base_exact(40, 64, 2048, 128, 6);
+    add("stream_row_groups", s);
+  }
+  {  // many tokens per expert: the stream path runs several passes of 32 tokens
+    auto s = base_exact(100, 4, 256, 256, 2);
+    add("many_tokens_per_expert", s);
   }
   {  // hidden not a multiple of 128 (per-tensor scheme): the generic path only
     auto s = base_exact(5, 4, 160, 96, 2);
@@ -621,6 +629,64 @@ TEST(CudaFusedMoe, EveryExpertOnAnotherRankGivesZeros) {
     EXPECT_TRUE(r.all_written) << r.write_message;
     for (int64_t i = 0; i < r.out_host.numel(); ++i)
       ASSERT_EQ(testing::element_as_double(r.out_host.view(), i), 0.0) << cuda::path_name(path);
+  }
+}
+
+// The stream path must take every scheme and feature of the exact cases except the ones its limit
+// names (dynamic per-tensor scales, sizes that are not multiples of 128), so the exact and
+// statistical suites above really run it there; a declined case names its reason.
+TEST(CudaStreamPath, TakesTheExactCasesItClaims) {
+  SKIP_WITHOUT_GPU();
+  int taken = 0;
+  for (const ExactCase& c : exact_cases()) {
+    MoeTestProblem p;
+    try {
+      p = testing::make_problem(c.spec);
+    } catch (const NotImplementedError&) {
+      continue;
+    }
+    MoeTestProblem d = p.to(Device::cuda());
+    const std::string why = cuda::path_limit(Path::kStream, d.args());
+    const bool expect_decline = c.name == "per_tensor_dynamic" || c.name == "odd_sizes_per_token";
+    if (expect_decline) {
+      EXPECT_FALSE(why.empty()) << c.name;
+    } else {
+      EXPECT_TRUE(why.empty()) << c.name << ": " << why;
+      ++taken;
+    }
+  }
+  EXPECT_GE(taken, 25);
+}
+
+// Expert map with -1 entries, padded (-1) slots and experts without tokens together, forced onto
+// the stream path, bit for bit; then the same problem with every slot on another rank.
+TEST(CudaStreamPath, ExpertMapPaddedSlotsAndEmptyExperts) {
+  SKIP_WITHOUT_GPU();
+  for (int64_t M : {1, 3, 17}) {
+    auto s = base_exact(M, 8, 256, 128, 3);
+    s.ep_size = 2;
+    s.ep_rank = 0;
+    s.padded_slots = 2;
+    s.bias = true;
+    const MoeTestProblem p = testing::make_problem(s);
+    const Tensor expected = testing::reference_output(p);
+    MoeTestProblem d = p.to(Device::cuda());
+    ASSERT_TRUE(cuda::path_limit(Path::kStream, d.args()).empty());
+    const RunResult r = run_on_device(cuda::fused_impl(), p, Path::kStream);
+    EXPECT_TRUE(r.canaries_ok);
+    EXPECT_TRUE(r.all_written) << r.write_message;
+    const auto cmp = testing::compare_bitwise(r.out_host, expected);
+    EXPECT_TRUE(cmp.ok) << "M=" << M << ": " << cmp.str();
+  }
+}
+
+// The auto choice takes the stream path for small batches of the block-FP8 models.
+TEST(CudaStreamPath, AutoChoosesItForSmallBatches) {
+  SKIP_WITHOUT_GPU();
+  for (int64_t M : {1, 8, 32}) {
+    const MoeTestProblem p = testing::make_problem(base_stat(M, 16, 512, 256, 4, 3));
+    MoeTestProblem d = p.to(Device::cuda());
+    EXPECT_EQ(cuda::choose_path(d.args()), Path::kStream) << "M=" << M;
   }
 }
 

@@ -35,6 +35,8 @@ const char* path_name(Path p) {
       return "decode";
     case Path::kWgmma:
       return "wgmma";
+    case Path::kStream:
+      return "stream";
   }
   return "?";
 }
@@ -49,8 +51,9 @@ Path env_path() {
     if (std::strcmp(v, "generic") == 0) return Path::kGeneric;
     if (std::strcmp(v, "decode") == 0) return Path::kDecode;
     if (std::strcmp(v, "wgmma") == 0) return Path::kWgmma;
+    if (std::strcmp(v, "stream") == 0) return Path::kStream;
     throw ValueError(
-        fmt::format("FP8MOE_CUDA_PATH='{}' is not one of auto, generic, decode, wgmma", v));
+        fmt::format("FP8MOE_CUDA_PATH='{}' is not one of auto, generic, decode, wgmma, stream", v));
   }();
   return p;
 }
@@ -74,6 +77,8 @@ std::string path_limit(Path p, const FusedMoeArgs& args) {
       return decode_path_limit(prob);
     case Path::kWgmma:
       return wgmma_path_limit(prob);
+    case Path::kStream:
+      return stream_path_limit(prob);
   }
   return "unknown path";
 }
@@ -94,13 +99,16 @@ Path choose(const MoeProblem& p) {
   const Path forced = path_override();
   if (forced != Path::kAuto) return forced;
   if (const auto cfg = lookup(p)) {
-    const Path t = cfg->path == "decode"  ? Path::kDecode
-                   : cfg->path == "wgmma" ? Path::kWgmma
-                                          : Path::kGeneric;
+    const Path t = cfg->path == "decode"   ? Path::kDecode
+                   : cfg->path == "wgmma"  ? Path::kWgmma
+                   : cfg->path == "stream" ? Path::kStream
+                                           : Path::kGeneric;
     if (t == Path::kGeneric || (t == Path::kDecode && decode_path_limit(p).empty()) ||
-        (t == Path::kWgmma && wgmma_path_limit(p).empty()))
+        (t == Path::kWgmma && wgmma_path_limit(p).empty()) ||
+        (t == Path::kStream && stream_path_limit(p).empty()))
       return t;
   }
+  if (stream_path_limit(p).empty() && stream_path_preferred(p)) return Path::kStream;
   if (decode_path_limit(p).empty() && decode_path_preferred(p)) return Path::kDecode;
   if (wgmma_path_limit(p).empty() && wgmma_path_preferred(p)) return Path::kWgmma;
   return Path::kGeneric;
@@ -490,6 +498,7 @@ std::size_t workspace_size(const FusedMoeArgs& args) {
   std::size_t n = generic_workspace(p, false);
   n = std::max(n, decode_workspace(p));
   n = std::max(n, wgmma_workspace(p));
+  n = std::max(n, stream_workspace(p));
   return n;
 }
 
@@ -513,6 +522,12 @@ void run(const FusedMoeArgs& args, void* workspace) {
       const std::string why = wgmma_path_limit(p);
       if (!why.empty()) throw NotImplementedError("cuda_fused wgmma path: " + why);
       run_wgmma(p, workspace);
+      return;
+    }
+    case Path::kStream: {
+      const std::string why = stream_path_limit(p);
+      if (!why.empty()) throw NotImplementedError("cuda_fused stream path: " + why);
+      run_stream(p, workspace, g_gemm_only.load());
       return;
     }
     default:

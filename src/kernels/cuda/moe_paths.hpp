@@ -21,4 +21,11 @@ bool wgmma_path_preferred(const MoeProblem& p);
 std::size_t wgmma_workspace(const MoeProblem& p);
 void run_wgmma(const MoeProblem& p, void* workspace);
 
+// Weight streaming into registers + mma.sync for small batches (sm89_fp8_moe_stream.cu).
+// gemm_only: launch only GEMM1 and GEMM2 over a workspace a previous run filled (benchmark hook).
+std::string stream_path_limit(const MoeProblem& p);
+bool stream_path_preferred(const MoeProblem& p);
+std::size_t stream_workspace(const MoeProblem& p);
+void run_stream(const MoeProblem& p, void* workspace, bool gemm_only);
+
 }  // namespace fp8moe::cuda
