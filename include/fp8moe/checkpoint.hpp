@@ -373,6 +373,20 @@ TpShard make_tp_shard(int64_t intermediate_size, int64_t hidden_size, int tp_siz
                       std::optional<std::array<int64_t, 2>> refine, bool padded,
                       int64_t local_size);
 
+// Why resolve_fp8_moe_weight_block_shape kept, refined or padded a checkpoint's blocks: the text
+// plan_checkpoint and the layer's plan both show. `ispp` is the per-rank intermediate before the
+// resolution, `resolved` the MoeConfig after it (padding changes its per-partition size).
+struct BlockResolutionText {
+  std::string resolution;  // "keep" | "refine" | "pad"
+  std::string why;
+  std::vector<std::string> notes;
+};
+BlockResolutionText explain_block_resolution(const BlockShapeResolution& res,
+                                             std::array<int64_t, 2> checkpoint_block, int64_t ispp,
+                                             const MoeConfig& resolved);
+// Block checkpoints of other methods (compressed-tensors, ...) are kept as they are.
+BlockResolutionText explain_unresolved_blocks(std::string_view method_name);
+
 // vLLM's validate_fp8_block_shape_moe (Fp8MoEMethod.create_weights when no refine factor): throws
 // ValueError when the per-rank intermediate size does not fit whole checkpoint blocks.
 void validate_fp8_block_shape_moe(int64_t intermediate_size_per_partition,

@@ -47,6 +47,12 @@ std::string block_str(const std::array<int64_t, 2>& b) {
   return fmt::format("[{}, {}]", b[0], b[1]);
 }
 
+void apply_resolution_text(ShapePlan& s, BlockResolutionText t) {
+  s.resolution = std::move(t.resolution);
+  s.resolution_why = std::move(t.why);
+  for (std::string& n : t.notes) s.notes.push_back(std::move(n));
+}
+
 // Bytes of one rank's experts for one layer.
 RankMemory rank_memory(const ModelConfig& m, const ShapePlan& s, int rank, int num_local, int64_t W,
                        int64_t valid) {
@@ -228,7 +234,6 @@ void plan_shape(const ModelConfig& m, const MoeParallelConfig& par, const PlanOp
   s.allow_vllm_cutlass = q.allow_vllm_cutlass;
   std::optional<std::vector<int64_t>> block_shape = q.block_shape;
   const int tp = cfg.tp_size();
-  const int64_t I = cfg.intermediate_size;
 
   if (q.weight_block_size) {
     const auto wbs = *q.weight_block_size;
@@ -259,43 +264,9 @@ void plan_shape(const ModelConfig& m, const MoeParallelConfig& par, const PlanOp
       // [N]: the weight key carries the resolved block shape.
       s.weight_key =
           with_fp8_dtype(create_fp8_quant_key(true, GroupShape((*s.block)[0], (*s.block)[1])), fp8);
-      if (res.padded) {
-        s.resolution = "pad";
-        s.resolution_why = fmt::format(
-            "per-rank intermediate {} = {}/{} is not whole {}-row blocks; moe_backend={} cannot "
-            "take refined blocks, so each rank allocates W = {} rows (whole checkpoint blocks) and "
-            "keeps its scales rank-local: rank r owns rows [r*{}, min((r+1)*{}, {})), the rest is "
-            "weight 0 / scale 1",
-            ispp, I, tp, wbs[0], cfg.moe_backend, cfg.intermediate_size_per_partition,
-            cfg.intermediate_size_per_partition, cfg.intermediate_size_per_partition, I);
-      } else if (res.refine) {
-        s.resolution = "refine";
-        s.resolution_why = fmt::format(
-            "per-rank intermediate {} is not whole {} blocks; gcd({}, {}, {}, hidden {}) = {} >= "
-            "32, so the checkpoint scales are upsampled x{} (rows) x{} (columns) to {} blocks at "
-            "load (lossless); only Triton-based kernels take refined blocks",
-            ispp, block_str(wbs), wbs[0], wbs[1], ispp, cfg.hidden_dim, (*s.block)[0],
-            (*s.refine)[0], (*s.refine)[1], block_str(*s.block));
-        s.notes.push_back(fmt::format(
-            "refined blocks quantise activations per 1x{} group (not 1x{}) and skip Triton's fused "
-            "SiLU+quant: results differ slightly from TP=1",
-            (*s.block)[1], wbs[1]));
-      } else {
-        const bool fits = ispp % wbs[0] == 0 && (tp == 1 || ispp % wbs[1] == 0);
-        s.resolution = "keep";
-        s.resolution_why =
-            fits ? fmt::format("per-rank intermediate {} is whole {} blocks", ispp, block_str(wbs))
-                 : fmt::format(
-                       "per-rank intermediate {} is not whole {} blocks and gcd({}, {}, {}, "
-                       "hidden {}) < 32 leaves no refinement",
-                       ispp, block_str(wbs), wbs[0], wbs[1], ispp, cfg.hidden_dim);
-      }
+      apply_resolution_text(s, explain_block_resolution(res, wbs, ispp, cfg));
     } else {
-      s.resolution = "keep";
-      s.resolution_why = fmt::format(
-          "{} block checkpoints are not refined or padded by vLLM (only Fp8MoEMethod resolves "
-          "blocks); the weight key is kFp8Static128BlockSym whatever the block is",
-          q.method_name);
+      apply_resolution_text(s, explain_unresolved_blocks(q.method_name));
     }
   }
 
@@ -383,6 +354,54 @@ void plan_shape(const ModelConfig& m, const MoeParallelConfig& par, const PlanOp
 }
 
 }  // namespace
+
+BlockResolutionText explain_block_resolution(const BlockShapeResolution& res,
+                                             std::array<int64_t, 2> wbs, int64_t ispp,
+                                             const MoeConfig& cfg) {
+  BlockResolutionText t;
+  const std::array<int64_t, 2> block{res.block_shape[0], res.block_shape[1]};
+  if (res.padded) {
+    t.resolution = "pad";
+    t.why = fmt::format(
+        "per-rank intermediate {} = {}/{} is not whole {}-row blocks; moe_backend={} cannot "
+        "take refined blocks, so each rank allocates W = {} rows (whole checkpoint blocks) and "
+        "keeps its scales rank-local: rank r owns rows [r*{}, min((r+1)*{}, {})), the rest is "
+        "weight 0 / scale 1",
+        ispp, cfg.intermediate_size, cfg.tp_size(), wbs[0], cfg.moe_backend,
+        cfg.intermediate_size_per_partition, cfg.intermediate_size_per_partition,
+        cfg.intermediate_size_per_partition, cfg.intermediate_size);
+  } else if (res.refine) {
+    t.resolution = "refine";
+    t.why = fmt::format(
+        "per-rank intermediate {} is not whole {} blocks; gcd({}, {}, {}, hidden {}) = {} >= "
+        "32, so the checkpoint scales are upsampled x{} (rows) x{} (columns) to {} blocks at "
+        "load (lossless); only Triton-based kernels take refined blocks",
+        ispp, block_str(wbs), wbs[0], wbs[1], ispp, cfg.hidden_dim, block[0], (*res.refine)[0],
+        (*res.refine)[1], block_str(block));
+    t.notes.push_back(fmt::format(
+        "refined blocks quantise activations per 1x{} group (not 1x{}) and skip Triton's fused "
+        "SiLU+quant: results differ slightly from TP=1",
+        block[1], wbs[1]));
+  } else {
+    const bool fits = ispp % wbs[0] == 0 && (cfg.tp_size() == 1 || ispp % wbs[1] == 0);
+    t.resolution = "keep";
+    t.why = fits ? fmt::format("per-rank intermediate {} is whole {} blocks", ispp, block_str(wbs))
+                 : fmt::format(
+                       "per-rank intermediate {} is not whole {} blocks and gcd({}, {}, {}, "
+                       "hidden {}) < 32 leaves no refinement",
+                       ispp, block_str(wbs), wbs[0], wbs[1], ispp, cfg.hidden_dim);
+  }
+  return t;
+}
+
+BlockResolutionText explain_unresolved_blocks(std::string_view method_name) {
+  return {.resolution = "keep",
+          .why = fmt::format(
+              "{} block checkpoints are not refined or padded by vLLM (only Fp8MoEMethod resolves "
+              "blocks); the weight key is kFp8Static128BlockSym whatever the block is",
+              method_name),
+          .notes = {}};
+}
 
 MoeParallelConfig PlanParallel::make() const {
   if (tp < 1 || dp < 1 || pcp < 1 || ep < 0) {

@@ -19,10 +19,6 @@ using nlohmann::ordered_json;
 
 namespace {
 
-std::string block_str(const std::array<int64_t, 2>& b) {
-  return fmt::format("[{}, {}]", b[0], b[1]);
-}
-
 void record_error(Fp8MoeLayerPlan& p, const std::string& step, std::string_view kind,
                   const std::string& message) {
   p.ok = false;
@@ -239,40 +235,14 @@ Fp8MoeLayerPlan plan_fp8_moe_layer(const Fp8MoeLayerSpec& spec, const Fp8MoeLaye
       // [N]: the weight key carries the resolved block shape.
       p.weight_key = with_fp8_dtype(
           create_fp8_quant_key(true, GroupShape((*p.block)[0], (*p.block)[1])), fp8_key);
-      if (res.padded) {
-        p.resolution = "pad";
-        p.resolution_why = fmt::format(
-            "per-rank intermediate {}/{} = {} is not whole {}-row blocks and moe_backend={} "
-            "cannot take refined blocks: each rank allocates W = {} rows (whole checkpoint "
-            "blocks); rank r owns rows [r*{}, min((r+1)*{}, {})), the rest is weight 0 / scale 1",
-            p.intermediate, tp, ispp, wbs[0], cfg.moe_backend, p.local_intermediate,
-            p.local_intermediate, p.local_intermediate, p.intermediate);
-      } else if (res.refine) {
-        p.resolution = "refine";
-        p.resolution_why = fmt::format(
-            "per-rank intermediate {} is not whole {} blocks; gcd({}, {}, {}, hidden {}) = {} >= "
-            "32, so the checkpoint scales are upsampled x{} x{} to {} blocks at load (lossless)",
-            ispp, block_str(wbs), wbs[0], wbs[1], ispp, cfg.hidden_dim, (*p.block)[0],
-            (*p.refine)[0], (*p.refine)[1], block_str(*p.block));
-        p.notes.push_back(fmt::format(
-            "refined blocks quantise activations per 1x{} group (not 1x{}): results differ "
-            "slightly from TP=1; only Triton-based kernels take refined blocks",
-            (*p.block)[1], wbs[1]));
-      } else {
-        const bool fits = ispp % wbs[0] == 0 && (tp == 1 || ispp % wbs[1] == 0);
-        p.resolution = "keep";
-        p.resolution_why =
-            fits ? fmt::format("per-rank intermediate {} is whole {} blocks", ispp, block_str(wbs))
-                 : fmt::format(
-                       "per-rank intermediate {} is not whole {} blocks and gcd({}, {}, {}, "
-                       "hidden {}) < 32 leaves no refinement",
-                       ispp, block_str(wbs), wbs[0], wbs[1], ispp, cfg.hidden_dim);
-      }
+      BlockResolutionText t = explain_block_resolution(res, wbs, ispp, cfg);
+      p.resolution = std::move(t.resolution);
+      p.resolution_why = std::move(t.why);
+      for (std::string& n : t.notes) p.notes.push_back(std::move(n));
     } else {
-      p.resolution = "keep";
-      p.resolution_why = fmt::format(
-          "{} block checkpoints are not refined or padded (only Fp8MoEMethod resolves blocks)",
-          q.method_name);
+      BlockResolutionText t = explain_unresolved_blocks(q.method_name);
+      p.resolution = std::move(t.resolution);
+      p.resolution_why = std::move(t.why);
     }
   }
 
