@@ -5,12 +5,12 @@
 // Each configuration is timed by CUDA-graph replay of L back-to-back layers (each layer its own
 // weights and router logits, so nothing stays in L2 between layers, as in a real model), median
 // over replays, divided by L. Reported per (shape, M): full-layer time, GEMM-only time (generic and
-// wgmma paths: the two GEMM kernels alone; decode path: the fused kernel with precomputed routing),
+// wgmma paths: the two GEMM kernels alone; stream path: GEMM1 + GEMM2 with its top-k sum),
 // unique expert bytes touched, TB/s on them, TFLOP/s (6 M topk N K), and the fractions of the
 // measured ceilings. Output: a table on stdout and a CSV (--csv FILE).
 //
 //   bench_cuda_moe [--quick] [--csv FILE] [--shape NAME] [--m LIST] [--path
-//   auto|generic|decode|wgmma|stream[,...]]   (a list measures each path that takes the problem)
+//   auto|generic|wgmma|stream[,...]]   (a list measures each path that takes the problem)
 #include <cublasLt.h>
 #include <cuda_runtime.h>
 
@@ -132,7 +132,7 @@ struct Layer {
   uint8_t *w13, *w2;
   float *s13, *s2;
   float* logits;  // (M, E)
-  int32_t* ids;   // (M, topk) precomputed (for GEMM-only / decode core)
+  int32_t* ids;   // (M, topk) precomputed (for GEMM-only runs)
   float* tw;
   float* bias;  // e_score_correction_bias
   int64_t touched = 0;
@@ -319,8 +319,6 @@ int main(int argc, char** argv) {
     p = q == std::string::npos ? path_arg.size() : q + 1;
     if (n == "generic")
       paths.push_back(cuda::Path::kGeneric);
-    else if (n == "decode")
-      paths.push_back(cuda::Path::kDecode);
     else if (n == "wgmma")
       paths.push_back(cuda::Path::kWgmma);
     else if (n == "stream")
@@ -461,23 +459,20 @@ int main(int argc, char** argv) {
         // candidates, timed on the full layer (a few replays each)
         struct Cand {
           cuda::Path path;
-          int rb2;
           const char* name;
         };
-        const Cand cands[] = {
-            {cuda::Path::kDecode, 1, "decode"}, {cuda::Path::kDecode, 2, "decode"},
-            {cuda::Path::kDecode, 4, "decode"}, {cuda::Path::kGeneric, 0, "generic"},
-            {cuda::Path::kWgmma, 0, "wgmma"},   {cuda::Path::kStream, 0, "stream"}};
+        const Cand cands[] = {{cuda::Path::kGeneric, "generic"},
+                              {cuda::Path::kWgmma, "wgmma"},
+                              {cuda::Path::kStream, "stream"}};
         float best_us = 1e30f;
         cuda::TunedConfig best;
         for (const Cand& c : cands) {
           FusedMoeArgs a0 = make_args(0, false);
           if (!cuda::path_limit(c.path, a0).empty()) continue;
-          if (c.path == cuda::Path::kDecode && H % (64 * c.rb2) != 0) continue;
-          // the rb2 choice reaches the decode kernel through the table, as in production
+          // the choice reaches the library through the table, as in production
           cuda::TuningEntry te;
           te.key = {dev, E, I, H, k, a0.scheme.str()};
-          te.by_bucket.push_back({cuda::tuning_bucket(M), cuda::TunedConfig{c.name, c.rb2}});
+          te.by_bucket.push_back({cuda::tuning_bucket(M), cuda::TunedConfig{c.name}});
           cuda::set_tuning_table({te});
           cuda::set_path_override(cuda::Path::kAuto);
           size_t need = impl.workspace_size(a0);
@@ -502,11 +497,10 @@ int main(int argc, char** argv) {
             std::printf("tune %s M=%lld %s: %s\n", sh.name, (long long)M, c.name, e.what());
             continue;
           }
-          std::printf("tune %-20s M=%-5lld %-8s rb2=%d %9.1f us\n", sh.name, (long long)M, c.name,
-                      c.rb2, us);
+          std::printf("tune %-20s M=%-5lld %-8s %9.1f us\n", sh.name, (long long)M, c.name, us);
           if (us < best_us) {
             best_us = us;
-            best = cuda::TunedConfig{c.name, c.rb2};
+            best = cuda::TunedConfig{c.name};
           }
         }
         cuda::set_tuning_table({});
@@ -576,8 +570,7 @@ int main(int argc, char** argv) {
           // over each layer's workspace, filled by an untimed run first
           for (int l = 0; l < L; ++l) impl.run(make_args(l, true), ws[l]);
           CK(cudaStreamSynchronize(st));
-          const bool gemm_only = r.path != "decode";  // stream: GEMM1 + GEMM2 (+ top-k sum)
-          cuda::set_bench_gemm_only(gemm_only);
+          cuda::set_bench_gemm_only(true);  // stream: GEMM1 + GEMM2 (+ top-k sum)
           r.gemm_us = 1000.0f *
                       time_graph(
                           st,

@@ -1,6 +1,6 @@
 // CUDA fused MoE ("cuda_fused" = TritonExperts contract, "cuda_fused_batched" =
 // BatchedTritonExperts) against the float64 reference: exact mode bit for bit, statistical mode
-// within vLLM's block-FP8 tolerance, on every execution path (generic, decode, wgmma) that can take
+// within vLLM's block-FP8 tolerance, on every execution path (generic, wgmma, stream) that can take
 // the problem. Outputs are poisoned before each run and guarded by canaries (output and workspace).
 // Every test skips cleanly when no GPU with the compiled architecture is present.
 #include <cuda_runtime_api.h>
@@ -34,7 +34,7 @@ using testing::RoutingPattern;
       GTEST_SKIP() << "no GPU with the compiled architecture (sm_90a) is available here"; \
   } while (0)
 
-const Path kAllPaths[] = {Path::kGeneric, Path::kDecode, Path::kWgmma, Path::kStream};
+const Path kAllPaths[] = {Path::kGeneric, Path::kWgmma, Path::kStream};
 
 // Restores the path override when a test ends.
 struct PathGuard {
@@ -308,7 +308,7 @@ TEST_P(CudaExact, BitwiseOnEveryPath) {
       // promoting every 32 of K instead of 128 still leaves 1-ulp differences), so this path
       // cannot be bit-exact on exact-mode data whose partial sums need more bits. It must agree
       // to within a couple of bf16 ulps of the output's magnitude; the mma.sync paths (generic,
-      // decode) are held to bitwise equality above.
+      // stream) are held to bitwise equality above.
       double emax = 0;
       for (int64_t i = 0; i < expected.numel(); ++i)
         emax = std::max(emax, std::fabs(testing::element_as_double(expected.view(), i)));

@@ -5,8 +5,9 @@
 // no allocation (graph-capturable):
 //   route (when no topk ids are given) -> moe_align -> quantise x -> GEMM1 (+bias) -> activation
 //   -> quantise h -> GEMM2 (+bias, * router weight) -> top-k sum
-// The decode path (sm90_fp8_moe_decode_persistent.cu) and the wgmma path
-// (sm90_fp8_moe_gemm_wgmma.cu) compute the same function with fewer launches / faster GEMMs.
+// The stream path (sm89_fp8_moe_stream.cu, small batches) and the wgmma path
+// (sm90_fp8_moe_gemm_wgmma.cu, large batches) compute the same function with fewer launches /
+// faster GEMMs.
 #include <fmt/format.h>
 
 #include <atomic>
@@ -31,8 +32,6 @@ const char* path_name(Path p) {
       return "auto";
     case Path::kGeneric:
       return "generic";
-    case Path::kDecode:
-      return "decode";
     case Path::kWgmma:
       return "wgmma";
     case Path::kStream:
@@ -49,11 +48,10 @@ Path env_path() {
     const char* v = std::getenv("FP8MOE_CUDA_PATH");
     if (!v || !*v || std::strcmp(v, "auto") == 0) return Path::kAuto;
     if (std::strcmp(v, "generic") == 0) return Path::kGeneric;
-    if (std::strcmp(v, "decode") == 0) return Path::kDecode;
     if (std::strcmp(v, "wgmma") == 0) return Path::kWgmma;
     if (std::strcmp(v, "stream") == 0) return Path::kStream;
     throw ValueError(
-        fmt::format("FP8MOE_CUDA_PATH='{}' is not one of auto, generic, decode, wgmma, stream", v));
+        fmt::format("FP8MOE_CUDA_PATH='{}' is not one of auto, generic, wgmma, stream", v));
   }();
   return p;
 }
@@ -73,8 +71,6 @@ std::string path_limit(Path p, const FusedMoeArgs& args) {
     case Path::kAuto:
     case Path::kGeneric:
       return {};
-    case Path::kDecode:
-      return decode_path_limit(prob);
     case Path::kWgmma:
       return wgmma_path_limit(prob);
     case Path::kStream:
@@ -99,17 +95,14 @@ Path choose(const MoeProblem& p) {
   const Path forced = path_override();
   if (forced != Path::kAuto) return forced;
   if (const auto cfg = lookup(p)) {
-    const Path t = cfg->path == "decode"   ? Path::kDecode
-                   : cfg->path == "wgmma"  ? Path::kWgmma
+    const Path t = cfg->path == "wgmma"    ? Path::kWgmma
                    : cfg->path == "stream" ? Path::kStream
                                            : Path::kGeneric;
-    if (t == Path::kGeneric || (t == Path::kDecode && decode_path_limit(p).empty()) ||
-        (t == Path::kWgmma && wgmma_path_limit(p).empty()) ||
+    if (t == Path::kGeneric || (t == Path::kWgmma && wgmma_path_limit(p).empty()) ||
         (t == Path::kStream && stream_path_limit(p).empty()))
       return t;
   }
   if (stream_path_limit(p).empty() && stream_path_preferred(p)) return Path::kStream;
-  if (decode_path_limit(p).empty() && decode_path_preferred(p)) return Path::kDecode;
   if (wgmma_path_limit(p).empty() && wgmma_path_preferred(p)) return Path::kWgmma;
   return Path::kGeneric;
 }
@@ -496,7 +489,6 @@ bool available() { return device_capability() >= 89 && kernels_available(); }
 std::size_t workspace_size(const FusedMoeArgs& args) {
   const MoeProblem p = make_problem(args);
   std::size_t n = generic_workspace(p, false);
-  n = std::max(n, decode_workspace(p));
   n = std::max(n, wgmma_workspace(p));
   n = std::max(n, stream_workspace(p));
   return n;
@@ -504,20 +496,11 @@ std::size_t workspace_size(const FusedMoeArgs& args) {
 
 void run(const FusedMoeArgs& args, void* workspace) {
   install_hooks();
-  MoeProblem p = make_problem(args);
-  if (p.M > 0 && path_override() == Path::kAuto) {
-    if (const auto cfg = lookup(p)) p.decode_rb2 = cfg->rb2;
-  }
+  const MoeProblem p = make_problem(args);
   if (p.M == 0) return;
   if (!workspace) throw ValueError("cuda_fused: workspace is null (see workspace_size)");
   const Path path = choose(p);
   switch (path) {
-    case Path::kDecode: {
-      const std::string why = decode_path_limit(p);
-      if (!why.empty()) throw NotImplementedError("cuda_fused decode path: " + why);
-      run_decode(p, workspace);
-      return;
-    }
     case Path::kWgmma: {
       const std::string why = wgmma_path_limit(p);
       if (!why.empty()) throw NotImplementedError("cuda_fused wgmma path: " + why);

@@ -29,9 +29,9 @@ void install_hooks();
 enum class Path : int {
   kAuto = 0,
   kGeneric = 1,  // route, align, quantise, mma.sync GEMM1, activation, quantise, GEMM2, sum
-  kDecode = 2,   // one persistent kernel for small batches (routing + both GEMMs + reduction)
-  kWgmma = 3,    // wgmma + TMA GEMMs for large batches
-  kStream = 4,   // small batches: prep, then two weight-streaming mma.sync GEMMs (fused epilogues)
+  // 2 was the persistent decode path (removed: slower than kStream at every measured M)
+  kWgmma = 3,   // wgmma + TMA GEMMs for large batches
+  kStream = 4,  // small batches: prep, then two weight-streaming mma.sync GEMMs (fused epilogues)
 };
 const char* path_name(Path p);
 // Forces a path for the following calls in this process (tests, benchmarks); kAuto restores the
@@ -46,8 +46,7 @@ std::string path_limit(Path p, const FusedMoeArgs& args);
 // Benchmark hook: while on, run() of the generic and wgmma paths launches only GEMM1 and GEMM2
 // over the workspace a previous run() with the same arguments filled (routing, alignment,
 // quantisation, activation and the top-k sum are skipped; the stream path skips routing and its
-// prep kernel, its GEMM2 still sums the top-k slots). The decode path fuses everything and is
-// unaffected. Not for production use.
+// prep kernel, its GEMM2 still sums the top-k slots). Not for production use.
 void set_bench_gemm_only(bool on);
 
 // The batched (masked) activation format of BatchedTritonExperts, for callers that dispatch into

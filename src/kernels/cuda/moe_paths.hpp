@@ -9,12 +9,6 @@
 
 namespace fp8moe::cuda {
 
-// One persistent kernel for small batches (sm90_fp8_moe_decode_persistent.cu).
-std::string decode_path_limit(const MoeProblem& p);
-bool decode_path_preferred(const MoeProblem& p);
-std::size_t decode_workspace(const MoeProblem& p);
-void run_decode(const MoeProblem& p, void* workspace);
-
 // wgmma + TMA grouped GEMMs for large batches (sm90_fp8_moe_gemm_wgmma.cu).
 std::string wgmma_path_limit(const MoeProblem& p);
 bool wgmma_path_preferred(const MoeProblem& p);

@@ -41,7 +41,6 @@ struct MoeProblem {
   ActParams ap{};
   cudaStream_t stream = nullptr;
   std::string scheme;  // MoeScheme::str(), the tuning table's key
-  int decode_rb2 = 0;  // tuned GEMM2 item size of the decode path (0: heuristic)
 
   // scale columns per activation row (group: cols / gk; token: 1; tensor: 0)
   int64_t a_scale_cols(int64_t cols, AQuant q) const {

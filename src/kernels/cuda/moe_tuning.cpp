@@ -97,9 +97,11 @@ std::vector<TuningEntry> read_tuning_file(const std::string& file) {
       for (const auto& [m, jc] : je.at("configs").items()) {
         TunedConfig c;
         c.path = jc.at("path").get<std::string>();
-        if (c.path != "decode" && c.path != "generic" && c.path != "wgmma")
+        if (c.path == "decode")  // the persistent decode path is gone (slower than stream)
+          throw FormatError(
+              "path 'decode' was removed; re-run bench_cuda_moe --tune to rewrite the table");
+        if (c.path != "generic" && c.path != "wgmma" && c.path != "stream")
           throw FormatError(fmt::format("unknown path '{}'", c.path));
-        c.rb2 = jc.value("rb2", 0);
         e.by_bucket.emplace_back(std::stoll(m), c);
       }
       out.push_back(std::move(e));
@@ -128,7 +130,6 @@ void write_tuning_file(const std::string& file, const std::vector<TuningEntry>& 
     for (const auto& [b, c] : e.by_bucket) {
       nlohmann::json x;
       x["path"] = c.path;
-      if (c.rb2) x["rb2"] = c.rb2;
       jc[std::to_string(b)] = x;
     }
     je["configs"] = jc;

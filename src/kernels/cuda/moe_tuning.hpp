@@ -13,8 +13,7 @@
 namespace fp8moe::cuda {
 
 struct TunedConfig {
-  std::string path;  // "decode", "generic", "wgmma"
-  int rb2 = 0;       // decode: 64-row blocks per GEMM2 item (0 = heuristic)
+  std::string path;  // "generic", "wgmma", "stream"
 };
 
 struct TuningKey {

@@ -164,7 +164,8 @@ std::string stream_path_limit(const MoeProblem& p) {
   return {};
 }
 
-// Measured (docs/PERFORMANCE.md, run 5): the stream path beats decode and wgmma at every M <= 32
+// Measured (docs/PERFORMANCE.md, run 5): the stream path beats wgmma (and the deleted decode
+// path) at every M <= 32
 // and wherever the experts average up to ~12 tokens (DeepSeek/Qwen3-30B at M = 128, Qwen3-Next at
 // M = 512); wgmma wins from ~16 tokens per expert on (Mixtral M = 128, DeepSeek M = 512).
 bool stream_path_preferred(const MoeProblem& p) { return p.M <= 32 || p.M * p.topk <= 12 * p.E; }
