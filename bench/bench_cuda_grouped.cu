@@ -233,7 +233,7 @@ struct GemmResult {
 };
 GemmResult bench_gemm(cudaStream_t st, bool masked, int64_t E, int64_t N, int64_t K,
                       const std::vector<int>& counts, const uint8_t* w, const float* ws_scale,
-                      int reps) {
+                      int reps, int tm = 128) {
   int64_t rows = 0, useful = 0, active = 0, max_m = 0;
   std::vector<int32_t> blk;
   for (int64_t e = 0; e < E; ++e) {
@@ -245,8 +245,8 @@ GemmResult bench_gemm(cudaStream_t st, bool masked, int64_t E, int64_t N, int64_
     rows = E * max_m;
   } else {
     for (int64_t e = 0; e < E; ++e) {
-      const int64_t pad = (counts[e] + 127) / 128 * 128;
-      for (int64_t b = 0; b < pad / 128; ++b) blk.push_back(static_cast<int32_t>(e));
+      const int64_t pad = (counts[e] + tm - 1) / tm * tm;
+      for (int64_t b = 0; b < pad / tm; ++b) blk.push_back(static_cast<int32_t>(e));
       rows += pad;
     }
   }
@@ -264,6 +264,7 @@ GemmResult bench_gemm(cudaStream_t st, bool masked, int64_t E, int64_t N, int64_
   const int32_t meta = static_cast<int32_t>(rows);
   CK(cudaMemcpy(dmeta, &meta, 4, cudaMemcpyHostToDevice));
   cuda::GroupedGemmParams p;
+  p.tile_m = tm;
   p.masked = masked;
   p.N = static_cast<int32_t>(N);
   p.K = static_cast<int32_t>(K);
@@ -280,7 +281,7 @@ GemmResult bench_gemm(cudaStream_t st, bool masked, int64_t E, int64_t N, int64_
   p.b_scale_n_stride = K / 128;
   p.out = out;
   p.out_stride = N;
-  const int64_t max_mblk = masked ? E * ((max_m + 127) / 128) : rows / 128;
+  const int64_t max_mblk = masked ? E * ((max_m + tm - 1) / tm) : rows / tm;
   const float ms = time_graph(
       st, [&] { cuda::launch_grouped_gemm(p, a, w, E * N, max_mblk, st); }, reps);
   GemmResult r;
@@ -384,7 +385,7 @@ int main(int argc, char** argv) {
   std::fflush(stdout);
   csv.row("kind,shape,gemm,layout,rows_per_expert,us,tflops,frac_per_tensor,weight_tbs,frac_bw");
   csv.row("ceiling,,,,,,," + std::to_string(pt) + ",," + std::to_string(bw));
-  std::printf("%-22s %-5s %-6s %5s %10s %9s %7s %8s %7s\n", "shape", "gemm", "layout", "rpe", "us",
+  std::printf("%-22s %-5s %-8s %5s %10s %9s %7s %8s %7s\n", "shape", "gemm", "layout", "rpe", "us",
               "TFLOP/s", "%cuBLAS", "w TB/s", "%BW");
   for (const Shape& s : kShapes) {
     if (!only.empty() && only != s.name) continue;
@@ -412,13 +413,20 @@ int main(int argc, char** argv) {
       };
       const G gs[2] = {{"gemm1", 2 * I, H, w13, s13}, {"gemm2", H, I, w2, s2}};
       for (const G& g : gs)
-        for (int v = 0; v < 3; ++v) {
-          const bool masked = v == 1;
-          const std::vector<int>& c = v == 2 ? uneven : even;
-          const char* lay = v == 0 ? "contig" : v == 1 ? "masked" : "uneven";
+        for (int v = 0; v < 6; ++v) {
+          // 0-2: 128-row m-blocks; 3-5: the auto m-block (swapped operands at <= 64 rows)
+          const int tm = v < 3 ? 128 : cuda::grouped_tile_m(rpe);
+          if (v >= 3 && tm == 128) continue;
+          const bool masked = v % 3 == 1;
+          const std::vector<int>& c = v % 3 == 2 ? uneven : even;
+          static const char* names[6] = {"contig",   "masked",   "uneven",
+                                         "contig_s", "masked_s", "uneven_s"};
+          const char* lay = names[v];
           const int reps = rpe >= 512 ? 5 : 9;
-          const GemmResult r = bench_gemm(st, masked, E, g.N, g.K, c, g.w, g.sc, reps);
-          std::printf("%-22s %-5s %-6s %5d %10.1f %9.1f %6.1f%% %8.3f %6.1f%%\n", s.name, g.name,
+          // uneven counts up to 1.3x the mean: the auto m-block of the largest
+          const int tmu = v == 5 ? cuda::grouped_tile_m(rpe * 1.3) : tm;
+          const GemmResult r = bench_gemm(st, masked, E, g.N, g.K, c, g.w, g.sc, reps, tmu);
+          std::printf("%-22s %-5s %-8s %5d %10.1f %9.1f %6.1f%% %8.3f %6.1f%%\n", s.name, g.name,
                       lay, rpe, r.us, r.tflops, 100.0 * r.tflops / pt, r.wtbs, 100.0 * r.wtbs / bw);
           char line[512];
           std::snprintf(line, sizeof line, "gemm,%s,%s,%s,%d,%.2f,%.2f,%.4f,%.4f,%.4f", s.name,

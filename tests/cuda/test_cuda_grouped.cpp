@@ -145,9 +145,12 @@ constexpr uint16_t kPoisonBf16 = 0x7FC0;
 
 // Contiguous: per-expert chunks aligned to 128 rows, padding rows marked by the sentinel;
 // GEMM1-style (output row = position) and GEMM2-style (scatter to a permuted row, row weight).
-TEST(CudaGroupedGemm, ContiguousExactBitwise) {
+class CudaGroupedGemm : public ::testing::TestWithParam<int> {};
+
+TEST_P(CudaGroupedGemm, ContiguousExactBitwise) {
   SKIP_WITHOUT_SM90();
-  std::mt19937 rng(1234);
+  const int tm = GetParam();
+  std::mt19937 rng(1234 + tm);
   const int E = 5, N = 384, K = 384;
   const int counts[E] = {130, 0, 1, 256, 77};
   for (bool scatter : {false, true}) {
@@ -163,8 +166,8 @@ TEST(CudaGroupedGemm, ContiguousExactBitwise) {
     int next = 0;
     std::vector<int> row_expert;
     for (int e = 0; e < E; ++e) {
-      const int padded = (counts[e] + 127) / 128 * 128;
-      for (int b = 0; b < padded / 128; ++b) blk.push_back(e);
+      const int padded = (counts[e] + tm - 1) / tm * tm;
+      for (int b = 0; b < padded / tm; ++b) blk.push_back(e);
       for (int r = 0; r < padded; ++r) {
         sorted.push_back(r < counts[e] ? perm[next++] : num_valid);
         row_expert.push_back(e);
@@ -173,7 +176,7 @@ TEST(CudaGroupedGemm, ContiguousExactBitwise) {
     const int64_t rows = static_cast<int64_t>(sorted.size());
     const int64_t capacity = rows + 256;  // the layout's capacity exceeds the used rows
     sorted.resize(capacity, num_valid);
-    blk.resize(capacity / 128, -1);
+    blk.resize(capacity / tm, -1);
     const std::vector<uint8_t> a = random_a(capacity, K, rng);
     const std::vector<float> as = random_scales(capacity, K, rng);
     std::vector<float> rw(num_valid);
@@ -183,6 +186,7 @@ TEST(CudaGroupedGemm, ContiguousExactBitwise) {
         to_device(std::vector<int32_t>{static_cast<int32_t>(rows), 0, 0, 0}, DType::kI32);
     const Tensor drw = to_device(rw, DType::kF32);
     cuda::GroupedGemmParams p;
+    p.tile_m = tm;
     p.a_rows = capacity;
     p.expert_blk = static_cast<const int32_t*>(dblk.data());
     p.num_rows_ptr = static_cast<const int32_t*>(dmeta.data());
@@ -192,7 +196,7 @@ TEST(CudaGroupedGemm, ContiguousExactBitwise) {
     p.out_scatter = scatter;
     p.row_weight = scatter ? static_cast<const float*>(drw.data()) : nullptr;
     const int64_t out_rows = scatter ? num_valid : capacity;
-    const GemmRun r = run_gemm(p, g, a, as, out_rows, capacity / 128);
+    const GemmRun r = run_gemm(p, g, a, as, out_rows, capacity / tm);
     EXPECT_TRUE(r.canaries);
     int64_t bad = 0, stray = 0;
     std::vector<char> written(out_rows, 0);
@@ -218,9 +222,10 @@ TEST(CudaGroupedGemm, ContiguousExactBitwise) {
 }
 
 // Masked: expert e owns rows [e * max_m, e * max_m + count[e]); max_m not a multiple of 128.
-TEST(CudaGroupedGemm, MaskedExactBitwise) {
+TEST_P(CudaGroupedGemm, MaskedExactBitwise) {
   SKIP_WITHOUT_SM90();
-  std::mt19937 rng(99);
+  const int tm = GetParam();
+  std::mt19937 rng(99 + tm);
   const int E = 6, N = 256, K = 512, max_m = 200;
   const std::vector<int32_t> counts = {0, 200, 1, 129, 128, 57};
   const HostGemm g = make_weights(E, N, K, true, rng);
@@ -229,13 +234,14 @@ TEST(CudaGroupedGemm, MaskedExactBitwise) {
   const std::vector<float> as = random_scales(rows, K, rng);
   const Tensor dcounts = to_device(counts, DType::kI32);
   cuda::GroupedGemmParams p;
+  p.tile_m = tm;
   p.masked = 1;
   p.a_rows = rows;
   p.counts = static_cast<const int32_t*>(dcounts.data());
   p.E = E;
   p.max_m = max_m;
   p.out_stride = N;
-  const GemmRun r = run_gemm(p, g, a, as, rows, int64_t(E) * ((max_m + 127) / 128));
+  const GemmRun r = run_gemm(p, g, a, as, rows, int64_t(E) * ((max_m + tm - 1) / tm));
   EXPECT_TRUE(r.canaries);
   int64_t bad = 0, stray = 0;
   for (int e = 0; e < E; ++e)
@@ -255,6 +261,9 @@ TEST(CudaGroupedGemm, MaskedExactBitwise) {
   EXPECT_EQ(bad, 0);
   EXPECT_EQ(stray, 0) << "rows past the counts were written";
 }
+
+INSTANTIATE_TEST_SUITE_P(TileM, CudaGroupedGemm, ::testing::Values(128, 16, 32, 64),
+                         [](const auto& info) { return "tile_m" + std::to_string(info.param); });
 
 // ---- the layer --------------------------------------------------------------------------------
 

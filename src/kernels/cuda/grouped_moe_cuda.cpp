@@ -7,6 +7,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <cstdlib>
 #include <cstring>
 
 #include "fp8moe/error.hpp"
@@ -21,6 +22,20 @@ namespace {
 
 constexpr int64_t kBM = 128;              // the grouped GEMM's M tile = DeepGEMM's M alignment
 constexpr int64_t kGroupedChunk = 16384;  // tokens per chunk (bounds the workspace)
+
+// The m-block of the grouped GEMMs for this many rows per expert (FP8MOE_GROUPED_TILE_M = 16, 32,
+// 64 or 128 forces one: tests and benchmarks).
+int64_t tile_m_for(double rows_per_expert) {
+  static const int forced = [] {
+    const char* v = std::getenv("FP8MOE_GROUPED_TILE_M");
+    if (!v || !*v) return 0;
+    const int t = std::atoi(v);
+    if (t != 16 && t != 32 && t != 64 && t != 128)
+      throw ValueError(fmt::format("FP8MOE_GROUPED_TILE_M='{}' is not one of 16, 32, 64, 128", v));
+    return t;
+  }();
+  return forced ? forced : grouped_tile_m(rows_per_expert);
+}
 
 std::string limit_of(const MoeProblem& p) {
   if (p.x_f32) return "f32 activations (the DeepGEMM contract takes bf16)";
@@ -84,6 +99,7 @@ std::size_t contiguous_workspace(const FusedMoeArgs& args) {
 void run_contiguous_chunk(const MoeProblem& p, const void* x, void* out, const void* logits,
                           const int32_t* topk_ids, const float* topk_w, int64_t m,
                           const Workspace& L, uint8_t* ws) {
+  const int64_t bm = L.bm;  // the grouped GEMMs' m-block (expert chunks are aligned to it)
   cudaStream_t st = p.stream;
   const int pairs = static_cast<int>(m * p.topk);
   const int32_t* ids = topk_ids;
@@ -104,7 +120,7 @@ void run_contiguous_chunk(const MoeProblem& p, const void* x, void* out, const v
                     reinterpret_cast<int32_t*>(ws + L.cnt),
                     reinterpret_cast<int32_t*>(ws + L.eoff)};
   launch_align(ids, pairs, p.expert_map, static_cast<int>(p.E_global), static_cast<int>(p.E),
-               static_cast<int>(kBM), static_cast<int>(L.capacity), 0, al, st);
+               static_cast<int>(bm), static_cast<int>(L.capacity), 0, al, st);
   unsigned* amax = reinterpret_cast<unsigned*>(ws + L.amax);
   // x quantised straight into the permuted order (row p = token sorted_ids[p] / topk)
   uint8_t* qx = ws + L.qxs;
@@ -117,10 +133,11 @@ void run_contiguous_chunk(const MoeProblem& p, const void* x, void* out, const v
     launch_quant(group_quant(p, false, amax), x, false, p.H, rows, rs, static_cast<int>(p.H),
                  QuantOut{qx, p.H, sx, p.H / 128}, st);
   }
-  const int64_t max_mblk = L.capacity / kBM;
+  const int64_t max_mblk = L.capacity / bm;
   void* y1 = ws + L.y1;
   {
     GroupedGemmParams g = gemm_params(p.w1, p.N1, p.H, L.capacity, sx);
+    g.tile_m = static_cast<int32_t>(bm);
     g.expert_blk = al.expert_blk;
     g.num_rows_ptr = al.meta;
     g.sorted_ids = al.sorted_ids;
@@ -140,6 +157,7 @@ void run_contiguous_chunk(const MoeProblem& p, const void* x, void* out, const v
   void* y2 = ws + L.y2;
   {
     GroupedGemmParams g = gemm_params(p.w2, p.H, p.I, L.capacity, sh);
+    g.tile_m = static_cast<int32_t>(bm);
     g.expert_blk = al.expert_blk;
     g.num_rows_ptr = al.meta;
     g.sorted_ids = al.sorted_ids;
@@ -166,7 +184,8 @@ void run_contiguous(const FusedMoeArgs& args, void* workspace) {
   const size_t logit_bytes = p.rp.logits_bf16 ? 2 : 4;
   for (int64_t c0 = 0; c0 < p.M; c0 += C) {
     const int64_t m = std::min(C, p.M - c0);
-    const Workspace L = workspace_layout(p, m, kBM, false, true);
+    const int64_t bm = tile_m_for(double(m * p.topk) / double(p.E));
+    const Workspace L = workspace_layout(p, m, bm, false, true);
     run_contiguous_chunk(
         p, static_cast<const uint8_t*>(p.x) + c0 * p.H * 2,
         static_cast<uint8_t*>(p.out) + c0 * p.H * 2,
@@ -273,11 +292,13 @@ void run_masked(const FusedMoeArgs& args, void* workspace) {
   float* sx = reinterpret_cast<float*>(ws + L.sx);
   launch_quant(group_quant(p, false, amax), p.x, false, p.H, vrows, RowScale{},
                static_cast<int>(p.H), QuantOut{qx, p.H, sx, p.H / 128}, st);
-  // host bound of the 128-row blocks over all experts
-  const int64_t max_mblk = mp.E * ceil_div(mp.max_m, kBM);
+  // m-block from the slab height (the counts stay on the device); host bound of the blocks
+  const int64_t bm = tile_m_for(double(mp.max_m));
+  const int64_t max_mblk = mp.E * ceil_div(mp.max_m, bm);
   void* y1 = ws + L.y1;
   {
     GroupedGemmParams g = gemm_params(p.w1, p.N1, p.H, rows, sx);
+    g.tile_m = static_cast<int32_t>(bm);
     g.masked = 1;
     g.counts = mp.counts;
     g.E = static_cast<int32_t>(mp.E);
@@ -295,6 +316,7 @@ void run_masked(const FusedMoeArgs& args, void* workspace) {
                QuantOut{qh, p.I, sh, p.I / 128}, st);
   {
     GroupedGemmParams g = gemm_params(p.w2, p.H, p.I, rows, sh);
+    g.tile_m = static_cast<int32_t>(bm);
     g.masked = 1;
     g.counts = mp.counts;
     g.E = static_cast<int32_t>(mp.E);

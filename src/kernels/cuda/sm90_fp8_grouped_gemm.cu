@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <mutex>
 
+#include "fp8moe/error.hpp"
+
 #include "sm90_fp8_grouped_gemm.cuh"
 #include "sm90_tma.hpp"
 
@@ -22,9 +24,47 @@ int sm_count() {
 
 int grouped_gemm_smem_bytes() { return kGSmemBytes; }
 
+int grouped_tile_m(double rows_per_expert) {
+  if (rows_per_expert <= 16) return 16;
+  if (rows_per_expert <= 32) return 32;
+  if (rows_per_expert <= 64) return 64;
+  return 128;
+}
+
+namespace {
+template <int kTN>
+void launch_swap(const GroupedGemmParams& p, const uint8_t* a, const uint8_t* b, int64_t b_rows,
+                 int64_t max_m_blocks, cudaStream_t stream) {
+  using C = SwapCfg<kTN>;
+  static std::once_flag once;
+  std::call_once(once, [] {
+    FP8MOE_CUDA_CHECK(cudaFuncSetAttribute(
+        grouped_gemm_swap_kernel<kTN>, cudaFuncAttributeMaxDynamicSharedMemorySize, C::kSmemBytes));
+  });
+  const CUtensorMap tm_a = make_tma_2d_u8(a, p.K, p.a_rows, kGBK, kTN);
+  const CUtensorMap tm_b = make_tma_2d_u8(b, p.K, b_rows, kGBK, kGBN);
+  const int64_t tiles = max_m_blocks * (p.N / kGBN);
+  const unsigned grid = static_cast<unsigned>(std::min<int64_t>(tiles, sm_count()));
+  grouped_gemm_swap_kernel<kTN><<<grid, kGThreads, C::kSmemBytes, stream>>>(p, tm_a, tm_b);
+  FP8MOE_CUDA_CHECK_LAUNCH();
+}
+}  // namespace
+
 void launch_grouped_gemm(const GroupedGemmParams& p, const uint8_t* a, const uint8_t* b,
                          int64_t b_rows, int64_t max_m_blocks, cudaStream_t stream) {
   if (max_m_blocks <= 0 || p.N <= 0 || p.K <= 0 || p.a_rows <= 0) return;
+  switch (p.tile_m) {
+    case 16:
+      return launch_swap<16>(p, a, b, b_rows, max_m_blocks, stream);
+    case 32:
+      return launch_swap<32>(p, a, b, b_rows, max_m_blocks, stream);
+    case 64:
+      return launch_swap<64>(p, a, b, b_rows, max_m_blocks, stream);
+    case 128:
+      break;
+    default:
+      throw ValueError("grouped GEMM: tile_m must be 16, 32, 64 or 128");
+  }
   static std::once_flag once;
   std::call_once(once, [] {
     FP8MOE_CUDA_CHECK(cudaFuncSetAttribute(

@@ -95,12 +95,54 @@ __device__ __forceinline__ void gg_wgmma_n128(float (&d)[64], uint64_t da, uint6
       : "l"(da), "l"(db), "r"(scale_d));
 }
 
+// D(64 x 16 f32) (+)= A(64 x 32 e4m3, smem) * B(16 x 32 e4m3, smem)^T.
+__device__ __forceinline__ void gg_wgmma_n16(float (&d)[8], uint64_t da, uint64_t db, int scale_d) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %10, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n16k32.f32.e4m3.e4m3 "
+      "{%0, %1, %2, %3, %4, %5, %6, %7}, %8, %9, p, 1, 1;\n}\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]),
+        "+f"(d[7])
+      : "l"(da), "l"(db), "r"(scale_d));
+}
+
+// D(64 x 32 f32) (+)= A(64 x 32 e4m3, smem) * B(32 x 32 e4m3, smem)^T.
+__device__ __forceinline__ void gg_wgmma_n32(float (&d)[16], uint64_t da, uint64_t db,
+                                             int scale_d) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %18, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n32k32.f32.e4m3.e4m3 "
+      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15}, %16, %17, p, 1, "
+      "1;\n}\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]),
+        "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]),
+        "+f"(d[14]), "+f"(d[15])
+      : "l"(da), "l"(db), "r"(scale_d));
+}
+
+// D(64 x 64 f32) (+)= A(64 x 32 e4m3, smem) * B(64 x 32 e4m3, smem)^T.
+__device__ __forceinline__ void gg_wgmma_n64(float (&d)[32], uint64_t da, uint64_t db,
+                                             int scale_d) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n64k32.f32.e4m3.e4m3 "
+      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, "
+      "%20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, %32, %33, p, 1, 1;\n}\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]),
+        "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]),
+        "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]),
+        "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]),
+        "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
+      : "l"(da), "l"(db), "r"(scale_d));
+}
+
 // One output tile: expert, first A row, rows that exist (masked; 128 when contiguous), n-block.
 struct GTile {
   int e, row0, rows, nt;
 };
 
 // Tile t of total_m x n_tiles_n in the grouped order. pref: masked prefix of m-blocks per expert.
+template <int kBM = kGBM>
 __device__ __forceinline__ GTile gg_tile(const GroupedGemmParams& p, const int* pref, int total_m,
                                          int n_tiles_n, int t) {
   const int per_group = kGGroupM * n_tiles_n;
@@ -122,12 +164,12 @@ __device__ __forceinline__ GTile gg_tile(const GroupedGemmParams& p, const int* 
     const int local = mb - pref[lo];
     const int c = min(max(p.counts[lo], 0), p.max_m);
     g.e = lo;
-    g.row0 = lo * p.max_m + local * kGBM;
-    g.rows = min(kGBM, c - local * kGBM);
+    g.row0 = lo * p.max_m + local * kBM;
+    g.rows = min(kBM, c - local * kBM);
   } else {
     g.e = p.expert_blk[mb];
-    g.row0 = mb * kGBM;
-    g.rows = kGBM;
+    g.row0 = mb * kBM;
+    g.rows = kBM;
   }
   return g;
 }
@@ -314,6 +356,227 @@ __global__ void __launch_bounds__(kGThreads, 1)
       if (dst < 0) continue;
       *reinterpret_cast<uint4*>(p.out + int64_t(dst) * p.out_stride + n0 + c * 8) =
           *reinterpret_cast<const uint4*>(stage + r * kGEpiPitch + c * 8);
+    }
+  }
+}
+
+// ---- small rows per expert: swapped operands -------------------------------------------------
+// The weights are wgmma's M operand (two consumer warpgroups x 64 weight rows = one 128-row
+// n-block) and the tokens its N operand (kTN = 16, 32 or 64 rows per m-block), so a tile computes
+// 128 output columns for kTN tokens and no expert is padded to 128 rows: the kernel streams the
+// weights with only kTN-row padding. Same ring, promotion and scales as above; the accumulator is
+// the transpose (thread: two weight rows x kTN/8 pairs of tokens), staged transposed in shared
+// memory for 16-byte row stores.
+template <int kTN>
+struct SwapCfg {
+  static constexpr int kStages = 6;
+  static constexpr int kWStage = kGBN * kGBK;  // 16 KB of weights
+  static constexpr int kTStage = kTN * kGBK;   // tokens
+  static constexpr int kStageBytes = kWStage + kTStage;
+  static constexpr int kEpiBytes = kTN * kGEpiPitch * 2;
+  static constexpr int kSmemBytes = 1024 + kStages * kStageBytes + kEpiBytes + 2 * kStages * 8 +
+                                    (kGroupedMaxExperts + 1) * 4 + 64;
+};
+
+template <int kTN>
+__device__ __forceinline__ void gg_wgmma_tn(float (&d)[kTN / 2], uint64_t da, uint64_t db,
+                                            int scale_d) {
+  if constexpr (kTN == 16)
+    gg_wgmma_n16(d, da, db, scale_d);
+  else if constexpr (kTN == 32)
+    gg_wgmma_n32(d, da, db, scale_d);
+  else
+    gg_wgmma_n64(d, da, db, scale_d);
+}
+
+template <int kTN>
+__global__ void __launch_bounds__(kGThreads, 1)
+    grouped_gemm_swap_kernel(const __grid_constant__ GroupedGemmParams p,
+                             const __grid_constant__ CUtensorMap tm_a,
+                             const __grid_constant__ CUtensorMap tm_b) {
+  using C = SwapCfg<kTN>;
+  constexpr int kAcc = kTN / 2;
+  extern __shared__ uint8_t gg_smem_raw[];
+  uint8_t* smem = reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(gg_smem_raw) + 1023) &
+                                             ~uintptr_t(1023));
+  uint16_t* stage_out = reinterpret_cast<uint16_t*>(smem + C::kStages * C::kStageBytes);
+  uint64_t* full = reinterpret_cast<uint64_t*>(smem + C::kStages * C::kStageBytes + C::kEpiBytes);
+  uint64_t* empty = full + C::kStages;
+  int* pref = reinterpret_cast<int*>(empty + C::kStages);
+  __shared__ int s_dst[kTN];
+  __shared__ float s_w[kTN];
+
+  const int tid = threadIdx.x;
+  const int wg = tid / 128, wtid = tid % 128;
+  const int warp = wtid / 32, lane = tid % 32;
+  if (tid == 0) {
+    for (int i = 0; i < C::kStages; ++i) {
+      mbar_init(&full[i], 1);
+      mbar_init(&empty[i], 8);
+    }
+    fence_barrier_init();
+  }
+  int total_m = 0;
+  if (p.masked) {
+    if (tid < 32) {
+      int carry = 0;
+      if (tid == 0) pref[0] = 0;
+      for (int base = 0; base < p.E; base += 32) {
+        const int e = base + tid;
+        const int c = e < p.E ? min(max(p.counts[e], 0), p.max_m) : 0;
+        int incl = (c + kTN - 1) / kTN;
+#pragma unroll
+        for (int o = 1; o < 32; o <<= 1) {
+          const int n = __shfl_up_sync(0xffffffffu, incl, o);
+          if (tid >= o) incl += n;
+        }
+        if (e < p.E) pref[e + 1] = carry + incl;
+        carry += __shfl_sync(0xffffffffu, incl, 31);
+      }
+    }
+    __syncthreads();
+    total_m = pref[p.E];
+  } else {
+    __syncthreads();
+    total_m = *p.num_rows_ptr / kTN;
+  }
+  const int n_tiles_n = p.N / kGBN;
+  const int n_tiles = total_m * n_tiles_n;
+  const int num_kb = p.K / kGBK;
+
+  if (wg == 0) {
+    gg_setmaxnreg_dec<40>();
+    if (wtid == 0) {
+      tma_prefetch_desc(&tm_a);
+      tma_prefetch_desc(&tm_b);
+      int it = 0;
+      for (int t = blockIdx.x; t < n_tiles; t += gridDim.x) {
+        const GTile g = gg_tile<kTN>(p, pref, total_m, n_tiles_n, t);
+        const int brow = g.e * p.N + g.nt * kGBN;
+        for (int kb = 0; kb < num_kb; ++kb, ++it) {
+          const int s = it % C::kStages;
+          const uint32_t ph = (it / C::kStages) & 1;
+          mbar_wait(&empty[s], ph ^ 1);
+          uint8_t* dst = smem + s * C::kStageBytes;
+          mbar_arrive_expect_tx(&full[s], C::kStageBytes);
+          tma_load_2d(dst, &tm_b, &full[s], kb * kGBK, brow);
+          tma_load_2d(dst + C::kWStage, &tm_a, &full[s], kb * kGBK, g.row0);
+        }
+      }
+    }
+    return;
+  }
+
+  gg_setmaxnreg_inc<232>();
+  const int cw = wg - 1;
+  const int wr_lo = cw * 64 + warp * 16 + (lane >> 2), wr_hi = wr_lo + 8;  // weight rows
+  const int q = lane & 3;
+  int it = 0;
+  for (int t = blockIdx.x; t < n_tiles; t += gridDim.x) {
+    const GTile g = gg_tile<kTN>(p, pref, total_m, n_tiles_n, t);
+    const float* bs =
+        p.b_scale + int64_t(g.e) * p.b_scale_e_stride + int64_t(g.nt) * p.b_scale_n_stride;
+    // token scales of my columns t = 8 j + 2 q + c
+    const float* asp[kTN / 4];
+#pragma unroll
+    for (int j = 0; j < kTN / 8; ++j)
+#pragma unroll
+      for (int c = 0; c < 2; ++c) {
+        const int64_t row = int64_t(g.row0) + 8 * j + 2 * q + c;
+        asp[2 * j + c] = row < p.a_rows ? p.a_scale + row * p.a_scale_stride : nullptr;
+      }
+    float acc[kAcc], part[kAcc];
+#pragma unroll
+    for (int i = 0; i < kAcc; ++i) acc[i] = 0.0f;
+    float sa[kTN / 4], na[kTN / 4];
+#pragma unroll
+    for (int i = 0; i < kTN / 4; ++i) sa[i] = asp[i] ? __ldg(asp[i]) : 0.0f;
+    float sb = __ldg(bs);
+    for (int kb = 0; kb < num_kb; ++kb, ++it) {
+      const int s = it % C::kStages;
+      const uint32_t ph = (it / C::kStages) & 1;
+      mbar_wait(&full[s], ph);
+      const uint8_t* w_s = smem + s * C::kStageBytes + cw * (64 * kGBK);
+      const uint8_t* t_s = smem + s * C::kStageBytes + C::kWStage;
+      const uint64_t da = gg_desc(w_s), db = gg_desc(t_s);
+      gg_reg_fence(part);
+      gg_fence();
+#pragma unroll
+      for (int ks = 0; ks < 4; ++ks) gg_wgmma_tn<kTN>(part, da + 2 * ks, db + 2 * ks, ks > 0);
+      gg_commit();
+      float nb = 0.0f;
+#pragma unroll
+      for (int i = 0; i < kTN / 4; ++i) na[i] = 0.0f;
+      if (kb + 1 < num_kb) {
+#pragma unroll
+        for (int i = 0; i < kTN / 4; ++i) na[i] = asp[i] ? __ldg(asp[i] + kb + 1) : 0.0f;
+        nb = __ldg(bs + kb + 1);
+      }
+      gg_wait0();
+      gg_reg_fence(part);
+      if (lane == 0) mbar_arrive(&empty[s]);
+#pragma unroll
+      for (int j = 0; j < kTN / 8; ++j)
+#pragma unroll
+        for (int h = 0; h < 2; ++h)
+#pragma unroll
+          for (int c = 0; c < 2; ++c)
+            acc[4 * j + 2 * h + c] =
+                fmaf(part[4 * j + 2 * h + c], sa[2 * j + c] * sb, acc[4 * j + 2 * h + c]);
+#pragma unroll
+      for (int i = 0; i < kTN / 4; ++i) sa[i] = na[i];
+      sb = nb;
+    }
+
+    // ---- epilogue (both consumer warpgroups: 256 threads) ----
+    gg_bar(1, 256);  // the previous tile's readers of stage_out / s_dst are done
+    if (cw == 0 && wtid < kTN) {
+      const int r = wtid;
+      int dst = -1;
+      float w = 1.0f;
+      if (p.masked) {
+        if (r < g.rows) dst = g.row0 + r;
+      } else {
+        const int pos = g.row0 + r;
+        const int id = p.sorted_ids ? p.sorted_ids[pos] : pos;
+        if (!p.sorted_ids || id < p.num_valid) {
+          dst = p.out_scatter ? id : pos;
+          if (p.row_weight) w = p.row_weight[id];
+        }
+      }
+      s_dst[r] = dst;
+      s_w[r] = w;
+    }
+    gg_bar(1, 256);
+    const int n0 = g.nt * kGBN;
+    float bias_v[2] = {0.0f, 0.0f};
+    if (p.bias) {
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const int64_t bi = int64_t(g.e) * p.N + n0 + (h ? wr_hi : wr_lo);
+        bias_v[h] = p.bias_bf16 ? bf16_bits_to_float(static_cast<const uint16_t*>(p.bias)[bi])
+                                : static_cast<const float*>(p.bias)[bi];
+      }
+    }
+#pragma unroll
+    for (int j = 0; j < kTN / 8; ++j)
+#pragma unroll
+      for (int c = 0; c < 2; ++c) {
+        const int tok = 8 * j + 2 * q + c;
+        const float w = s_w[tok];
+#pragma unroll
+        for (int h = 0; h < 2; ++h)
+          stage_out[tok * kGEpiPitch + (h ? wr_hi : wr_lo)] =
+              float_to_bf16_bits((acc[4 * j + 2 * h + c] + bias_v[h]) * w);
+      }
+    gg_bar(1, 256);
+    const int tid2 = tid - 128;
+    for (int i = tid2; i < kTN * 16; i += 256) {
+      const int r = i >> 4, c = i & 15;
+      const int dst = s_dst[r];
+      if (dst < 0) continue;
+      *reinterpret_cast<uint4*>(p.out + int64_t(dst) * p.out_stride + n0 + c * 8) =
+          *reinterpret_cast<const uint4*>(stage_out + r * kGEpiPitch + c * 8);
     }
   }
 }

@@ -24,6 +24,10 @@ namespace fp8moe::cuda {
 
 struct GroupedGemmParams {
   int32_t masked = 0;
+  // Rows per m-block: 128 (two consumer warpgroups x 64 rows, tokens as wgmma's M operand) or
+  // 16 / 32 / 64 (swapped operands for few rows per expert: weights as M, tokens as N). The
+  // contiguous layout's expert chunks must be aligned to it.
+  int32_t tile_m = 128;
   int32_t N = 0, K = 0;  // multiples of 128
   int64_t a_rows = 0;    // rows of A (and of a_scale)
   // contiguous layout
@@ -63,6 +67,9 @@ void launch_grouped_gemm(const GroupedGemmParams& p, const uint8_t* a, const uin
 // kernels visit only the valid rows.
 void launch_masked_rows(const int32_t* counts, int E, int max_m, int32_t* ids, int32_t* meta,
                         cudaStream_t stream);
+
+// The m-block to use for `rows_per_expert` rows per expert on average (128 above 64 rows).
+int grouped_tile_m(double rows_per_expert);
 
 // Shared-memory bytes and threads of the kernel (for reports).
 int grouped_gemm_smem_bytes();
