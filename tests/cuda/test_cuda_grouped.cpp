@@ -151,7 +151,8 @@ TEST_P(CudaGroupedGemm, ContiguousExactBitwise) {
   SKIP_WITHOUT_SM90();
   const int tm = GetParam();
   std::mt19937 rng(1234 + tm);
-  const int E = 5, N = 384, K = 384;
+  // N = 512: four n-blocks, so the 128-row kernel runs as two-CTA clusters (multicast A)
+  const int E = 5, N = 512, K = 384;
   const int counts[E] = {130, 0, 1, 256, 77};
   for (bool scatter : {false, true}) {
     SCOPED_TRACE(scatter ? "scatter + row weight" : "in place");
@@ -226,7 +227,8 @@ TEST_P(CudaGroupedGemm, MaskedExactBitwise) {
   SKIP_WITHOUT_SM90();
   const int tm = GetParam();
   std::mt19937 rng(99 + tm);
-  const int E = 6, N = 256, K = 512, max_m = 200;
+  // N = 384: three n-blocks, so the 128-row kernel runs without clusters
+  const int E = 6, N = 384, K = 512, max_m = 200;
   const std::vector<int32_t> counts = {0, 200, 1, 129, 128, 57};
   const HostGemm g = make_weights(E, N, K, true, rng);
   const int64_t rows = int64_t(E) * max_m;

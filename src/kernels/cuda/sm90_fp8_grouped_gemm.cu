@@ -1,6 +1,7 @@
 // Host side of the Hopper FP8 grouped GEMM (sm90_fp8_grouped_gemm.cuh): TMA descriptors, the
 // persistent launch, and the masked-rows helper.
 #include <algorithm>
+#include <cstdlib>
 #include <mutex>
 
 #include "fp8moe/error.hpp"
@@ -68,14 +69,39 @@ void launch_grouped_gemm(const GroupedGemmParams& p, const uint8_t* a, const uin
   static std::once_flag once;
   std::call_once(once, [] {
     FP8MOE_CUDA_CHECK(cudaFuncSetAttribute(
-        grouped_gemm_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kGSmemBytes));
+        grouped_gemm_kernel<1>, cudaFuncAttributeMaxDynamicSharedMemorySize, kGSmemBytes));
+    FP8MOE_CUDA_CHECK(cudaFuncSetAttribute(
+        grouped_gemm_kernel<2>, cudaFuncAttributeMaxDynamicSharedMemorySize, kGSmemBytes));
   });
-  const CUtensorMap tm_a = make_tma_2d_u8(a, p.K, p.a_rows, kGBK, kGBM);
+  // two-CTA clusters sharing the A tile when the n-blocks pair up (FP8MOE_GROUPED_MCAST=0: off)
+  static const bool mcast_env = [] {
+    const char* v = std::getenv("FP8MOE_GROUPED_MCAST");
+    return !(v && v[0] == '0');
+  }();
+  const int mc = (mcast_env && (p.N / kGBN) % 2 == 0) ? 2 : 1;
+  const CUtensorMap tm_a = make_tma_2d_u8(a, p.K, p.a_rows, kGBK, kGBM / mc);
   const CUtensorMap tm_b = make_tma_2d_u8(b, p.K, b_rows, kGBK, kGBN);
   const int64_t tiles = max_m_blocks * (p.N / kGBN);
-  const unsigned grid = static_cast<unsigned>(std::min<int64_t>(tiles, sm_count()));
-  grouped_gemm_kernel<<<grid, kGThreads, kGSmemBytes, stream>>>(p, tm_a, tm_b);
-  FP8MOE_CUDA_CHECK_LAUNCH();
+  if (mc == 1) {
+    const unsigned grid = static_cast<unsigned>(std::min<int64_t>(tiles, sm_count()));
+    grouped_gemm_kernel<1><<<grid, kGThreads, kGSmemBytes, stream>>>(p, tm_a, tm_b);
+    FP8MOE_CUDA_CHECK_LAUNCH();
+    return;
+  }
+  const int64_t clusters = std::max<int64_t>(1, std::min<int64_t>(tiles / 2, sm_count() / 2));
+  cudaLaunchConfig_t cfg{};
+  cfg.gridDim = dim3(static_cast<unsigned>(clusters * 2));
+  cfg.blockDim = dim3(kGThreads);
+  cfg.dynamicSmemBytes = kGSmemBytes;
+  cfg.stream = stream;
+  cudaLaunchAttribute attr[1];
+  attr[0].id = cudaLaunchAttributeClusterDimension;
+  attr[0].val.clusterDim.x = 2;
+  attr[0].val.clusterDim.y = 1;
+  attr[0].val.clusterDim.z = 1;
+  cfg.attrs = attr;
+  cfg.numAttrs = 1;
+  FP8MOE_CUDA_CHECK(cudaLaunchKernelEx(&cfg, grouped_gemm_kernel<2>, p, tm_a, tm_b));
 }
 
 void launch_masked_rows(const int32_t* counts, int E, int max_m, int32_t* ids, int32_t* meta,
