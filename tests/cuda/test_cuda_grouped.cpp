@@ -493,6 +493,12 @@ TEST(CudaGroupedMasked, ExactBitwiseWithEmptyPartialAndFullExperts) {
   masked_case(MoeTestMode::kExact, 5, 150, 256, 256, {150, 0, 7, 129, 64}, 3);
 }
 
+// max_m <= 64: the swapped-operand kernel (tokens as wgmma's N operand)
+TEST(CudaGroupedMasked, ExactBitwiseSmallSlabs) {
+  SKIP_WITHOUT_SM90();
+  masked_case(MoeTestMode::kExact, 6, 40, 256, 384, {40, 0, 3, 17, 33, 1}, 4);
+}
+
 TEST(CudaGroupedMasked, StatisticalDeepSeekLikeShape) {
   SKIP_WITHOUT_SM90();
   masked_case(MoeTestMode::kStatistical, 4, 96, 1024, 512, {96, 17, 0, 64}, 8);
