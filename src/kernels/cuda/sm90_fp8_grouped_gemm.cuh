@@ -206,25 +206,6 @@ __device__ __forceinline__ GTile gg_tile(const GroupedGemmParams& p, const int* 
 // kMc = 2: clusters of two CTAs on the same m-block and adjacent n-blocks; each CTA loads half of
 // the A tile and multicasts it to both (L2 -> SM traffic per K block 24 KB instead of 32 KB).
 // Every consumer warp releases a stage in both CTAs (empty barriers count 16 arrivals).
-
-// Destination row (-1: not stored) and row weight of row r of a tile (epilogue metadata; loaded
-// at the start of the tile so its global-memory latency hides behind the main loop).
-__device__ __forceinline__ void gg_row_dst(const GroupedGemmParams& p, const GTile& g, int r,
-                                           int& dst, float& w) {
-  dst = -1;
-  w = 1.0f;
-  if (p.masked) {
-    if (r < g.rows) dst = g.row0 + r;
-  } else {
-    const int pos = g.row0 + r;
-    const int id = p.sorted_ids ? __ldg(p.sorted_ids + pos) : pos;
-    if (!p.sorted_ids || id < p.num_valid) {
-      dst = p.out_scatter ? id : pos;
-      if (p.row_weight) w = __ldg(p.row_weight + id);
-    }
-  }
-}
-
 template <int kMc>
 __global__ void __launch_bounds__(kGThreads, 1)
     grouped_gemm_kernel(const __grid_constant__ GroupedGemmParams p,
@@ -321,16 +302,9 @@ __global__ void __launch_bounds__(kGThreads, 1)
   const int r_lo = cw * 64 + warp * 16 + (lane >> 2), r_hi = r_lo + 8;
   const int q = lane & 3;
   int it = 0;
-  GTile g_next{};
-  if (cid < n_tiles) g_next = gg_tile(p, pref, total_m, n_tiles_n, cid);
   for (int t = cid; t < n_tiles; t += ncl) {
-    GTile g = g_next;
+    GTile g = gg_tile(p, pref, total_m, n_tiles_n, t);
     g.nt = g.nt * kMc + static_cast<int>(crank);
-    // the next tile's decode and this tile's epilogue metadata, issued before the main loop
-    if (t + ncl < n_tiles) g_next = gg_tile(p, pref, total_m, n_tiles_n, t + ncl);
-    int my_dst = -1;
-    float my_w = 1.0f;
-    if (wtid < 64) gg_row_dst(p, g, cw * 64 + wtid, my_dst, my_w);
     const int64_t ar0 = int64_t(g.row0) + r_lo, ar1 = int64_t(g.row0) + r_hi;
     // rows past A's end (masked tail) read scale 0: their outputs are never stored
     const float* as0 = ar0 < p.a_rows ? p.a_scale + ar0 * p.a_scale_stride : nullptr;
@@ -386,8 +360,21 @@ __global__ void __launch_bounds__(kGThreads, 1)
     uint16_t* stage = epi + cw * (64 * kGEpiPitch);
     gg_bar(1 + cw, 128);  // the previous tile's readers of stage / s_dst are done
     if (wtid < 64) {
-      s_dst[cw][wtid] = my_dst;
-      s_w[cw][wtid] = my_w;
+      const int r = cw * 64 + wtid;
+      int dst = -1;
+      float w = 1.0f;
+      if (p.masked) {
+        if (r < g.rows) dst = g.row0 + r;
+      } else {
+        const int pos = g.row0 + r;
+        const int id = p.sorted_ids ? p.sorted_ids[pos] : pos;
+        if (!p.sorted_ids || id < p.num_valid) {
+          dst = p.out_scatter ? id : pos;
+          if (p.row_weight) w = p.row_weight[id];
+        }
+      }
+      s_dst[cw][wtid] = dst;
+      s_w[cw][wtid] = w;
     }
     gg_bar(1 + cw, 128);
     const float w_lo = s_w[cw][r_lo - cw * 64], w_hi = s_w[cw][r_hi - cw * 64];
@@ -539,16 +526,8 @@ __global__ void __launch_bounds__(kGThreads, 1)
   const int wr_lo = cw * 64 + warp * 16 + (lane >> 2), wr_hi = wr_lo + 8;  // weight rows
   const int q = lane & 3;
   int it = 0;
-  GTile g_next{};
-  if (static_cast<int>(blockIdx.x) < n_tiles)
-    g_next = gg_tile<kTN>(p, pref, total_m, n_tiles_n, blockIdx.x);
   for (int t = blockIdx.x; t < n_tiles; t += gridDim.x) {
-    const GTile g = g_next;
-    if (t + static_cast<int>(gridDim.x) < n_tiles)
-      g_next = gg_tile<kTN>(p, pref, total_m, n_tiles_n, t + gridDim.x);
-    int my_dst = -1;
-    float my_w = 1.0f;
-    if (cw == 0 && wtid < kTN) gg_row_dst(p, g, wtid, my_dst, my_w);
+    const GTile g = gg_tile<kTN>(p, pref, total_m, n_tiles_n, t);
     const float* bs =
         p.b_scale + int64_t(g.e) * p.b_scale_e_stride + int64_t(g.nt) * p.b_scale_n_stride;
     // token scales of my columns t = 8 j + 2 q + c
@@ -606,8 +585,21 @@ __global__ void __launch_bounds__(kGThreads, 1)
     // ---- epilogue (both consumer warpgroups: 256 threads) ----
     gg_bar(1, 256);  // the previous tile's readers of stage_out / s_dst are done
     if (cw == 0 && wtid < kTN) {
-      s_dst[wtid] = my_dst;
-      s_w[wtid] = my_w;
+      const int r = wtid;
+      int dst = -1;
+      float w = 1.0f;
+      if (p.masked) {
+        if (r < g.rows) dst = g.row0 + r;
+      } else {
+        const int pos = g.row0 + r;
+        const int id = p.sorted_ids ? p.sorted_ids[pos] : pos;
+        if (!p.sorted_ids || id < p.num_valid) {
+          dst = p.out_scatter ? id : pos;
+          if (p.row_weight) w = p.row_weight[id];
+        }
+      }
+      s_dst[r] = dst;
+      s_w[r] = w;
     }
     gg_bar(1, 256);
     const int n0 = g.nt * kGBN;
