@@ -47,6 +47,8 @@ using namespace fp8moe;
 
 namespace {
 
+int g_mcast = -1;  // --mcast 0|1 (default: the library's default)
+
 __global__ void fill_codes(uint8_t* p, int64_t n, uint32_t seed) {
   for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n;
        i += int64_t(gridDim.x) * blockDim.x) {
@@ -265,6 +267,7 @@ GemmResult bench_gemm(cudaStream_t st, bool masked, int64_t E, int64_t N, int64_
   CK(cudaMemcpy(dmeta, &meta, 4, cudaMemcpyHostToDevice));
   cuda::GroupedGemmParams p;
   p.tile_m = tm;
+  p.mcast = g_mcast;
   p.masked = masked;
   p.N = static_cast<int32_t>(N);
   p.K = static_cast<int32_t>(K);
@@ -358,11 +361,15 @@ int main(int argc, char** argv) {
         if (c == std::string::npos) break;
         pos = c + 1;
       }
+    } else if (a == "--mcast" && i + 1 < argc) {
+      g_mcast = std::atoi(argv[++i]);
     } else if (a == "--no-layer") {
       layer = false;
     } else {
-      std::fprintf(stderr, "usage: %s [--csv FILE] [--shape NAME] [--rpe 16,64,...] [--no-layer]\n",
-                   argv[0]);
+      std::fprintf(
+          stderr,
+          "usage: %s [--csv FILE] [--shape NAME] [--rpe 16,64,...] [--no-layer] [--mcast 0|1]\n",
+          argv[0]);
       return 2;
     }
   }

@@ -151,7 +151,7 @@ TEST_P(CudaGroupedGemm, ContiguousExactBitwise) {
   SKIP_WITHOUT_SM90();
   const int tm = GetParam();
   std::mt19937 rng(1234 + tm);
-  // N = 512: four n-blocks, so the 128-row kernel runs as two-CTA clusters (multicast A)
+  // N = 512: four n-blocks, run as two-CTA clusters (multicast A) by the 128-row kernel
   const int E = 5, N = 512, K = 384;
   const int counts[E] = {130, 0, 1, 256, 77};
   for (bool scatter : {false, true}) {
@@ -188,6 +188,7 @@ TEST_P(CudaGroupedGemm, ContiguousExactBitwise) {
     const Tensor drw = to_device(rw, DType::kF32);
     cuda::GroupedGemmParams p;
     p.tile_m = tm;
+    p.mcast = 1;  // four n-blocks: two-CTA clusters (128-row kernel)
     p.a_rows = capacity;
     p.expert_blk = static_cast<const int32_t*>(dblk.data());
     p.num_rows_ptr = static_cast<const int32_t*>(dmeta.data());
@@ -227,7 +228,7 @@ TEST_P(CudaGroupedGemm, MaskedExactBitwise) {
   SKIP_WITHOUT_SM90();
   const int tm = GetParam();
   std::mt19937 rng(99 + tm);
-  // N = 384: three n-blocks, so the 128-row kernel runs without clusters
+  // N = 384: three n-blocks (no clusters possible)
   const int E = 6, N = 384, K = 512, max_m = 200;
   const std::vector<int32_t> counts = {0, 200, 1, 129, 128, 57};
   const HostGemm g = make_weights(E, N, K, true, rng);

@@ -23,8 +23,9 @@ namespace {
 constexpr int64_t kBM = 128;              // the grouped GEMM's M tile = DeepGEMM's M alignment
 constexpr int64_t kGroupedChunk = 16384;  // tokens per chunk (bounds the workspace)
 
-// The m-block of the grouped GEMMs for this many rows per expert (FP8MOE_GROUPED_TILE_M = 16, 32,
-// 64 or 128 forces one: tests and benchmarks).
+// The m-block of the grouped GEMMs for this many rows per expert. FP8MOE_GROUPED_TILE_M = 16, 32,
+// 64 or 128 forces one; FP8MOE_GROUPED_SWAP=1 lets small batches take the swapped-operand kernel
+// (16/32/64) automatically. Default: 128 (the configuration validated on the card so far).
 int64_t tile_m_for(double rows_per_expert) {
   static const int forced = [] {
     const char* v = std::getenv("FP8MOE_GROUPED_TILE_M");
@@ -34,7 +35,12 @@ int64_t tile_m_for(double rows_per_expert) {
       throw ValueError(fmt::format("FP8MOE_GROUPED_TILE_M='{}' is not one of 16, 32, 64, 128", v));
     return t;
   }();
-  return forced ? forced : grouped_tile_m(rows_per_expert);
+  static const bool swap = [] {
+    const char* v = std::getenv("FP8MOE_GROUPED_SWAP");
+    return v && v[0] == '1';
+  }();
+  if (forced) return forced;
+  return swap ? grouped_tile_m(rows_per_expert) : 128;
 }
 
 std::string limit_of(const MoeProblem& p) {

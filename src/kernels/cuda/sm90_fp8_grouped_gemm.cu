@@ -73,12 +73,14 @@ void launch_grouped_gemm(const GroupedGemmParams& p, const uint8_t* a, const uin
     FP8MOE_CUDA_CHECK(cudaFuncSetAttribute(
         grouped_gemm_kernel<2>, cudaFuncAttributeMaxDynamicSharedMemorySize, kGSmemBytes));
   });
-  // two-CTA clusters sharing the A tile when the n-blocks pair up (FP8MOE_GROUPED_MCAST=0: off)
+  // two-CTA clusters sharing the A tile when the n-blocks pair up: opt-in (FP8MOE_GROUPED_MCAST=1
+  // or p.mcast = 1) until measured on the card
   static const bool mcast_env = [] {
     const char* v = std::getenv("FP8MOE_GROUPED_MCAST");
-    return !(v && v[0] == '0');
+    return v && v[0] == '1';
   }();
-  const int mc = (mcast_env && (p.N / kGBN) % 2 == 0) ? 2 : 1;
+  const bool want_mc = p.mcast < 0 ? mcast_env : p.mcast > 0;
+  const int mc = (want_mc && (p.N / kGBN) % 2 == 0) ? 2 : 1;
   const CUtensorMap tm_a = make_tma_2d_u8(a, p.K, p.a_rows, kGBK, kGBM / mc);
   const CUtensorMap tm_b = make_tma_2d_u8(b, p.K, b_rows, kGBK, kGBN);
   const int64_t tiles = max_m_blocks * (p.N / kGBN);

@@ -28,6 +28,9 @@ struct GroupedGemmParams {
   // 16 / 32 / 64 (swapped operands for few rows per expert: weights as M, tokens as N). The
   // contiguous layout's expert chunks must be aligned to it.
   int32_t tile_m = 128;
+  // 128-row kernel only: -1 = FP8MOE_GROUPED_MCAST (default off), 0 = no clusters, 1 = two-CTA
+  // clusters multicasting the A tile (when the n-block count is even).
+  int32_t mcast = -1;
   int32_t N = 0, K = 0;  // multiples of 128
   int64_t a_rows = 0;    // rows of A (and of a_scale)
   // contiguous layout
@@ -68,7 +71,8 @@ void launch_grouped_gemm(const GroupedGemmParams& p, const uint8_t* a, const uin
 void launch_masked_rows(const int32_t* counts, int E, int max_m, int32_t* ids, int32_t* meta,
                         cudaStream_t stream);
 
-// The m-block to use for `rows_per_expert` rows per expert on average (128 above 64 rows).
+// The m-block of the swapped-operand kernel for `rows_per_expert` rows per expert on average
+// (16, 32, 64; 128 above 64 rows).
 int grouped_tile_m(double rows_per_expert);
 
 // Shared-memory bytes and threads of the kernel (for reports).
