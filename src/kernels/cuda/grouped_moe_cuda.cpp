@@ -23,9 +23,10 @@ namespace {
 constexpr int64_t kBM = 128;              // the grouped GEMM's M tile = DeepGEMM's M alignment
 constexpr int64_t kGroupedChunk = 16384;  // tokens per chunk (bounds the workspace)
 
-// The m-block of the grouped GEMMs for this many rows per expert. FP8MOE_GROUPED_TILE_M = 16, 32,
-// 64 or 128 forces one; FP8MOE_GROUPED_SWAP=1 lets small batches take the swapped-operand kernel
-// (16/32/64) automatically. Default: 128 (the configuration validated on the card so far).
+// The m-block of the grouped GEMMs for this many rows per expert: the swapped-operand kernel
+// (16/32/64) at <= 64 rows (80-93% of HBM read bandwidth at 16 rows per expert on the H200, against
+// 57-72% with 128-row padding; docs/PERFORMANCE.md), else 128. FP8MOE_GROUPED_TILE_M = 16, 32, 64
+// or 128 forces one; FP8MOE_GROUPED_SWAP=0 turns the swapped kernel off.
 int64_t tile_m_for(double rows_per_expert) {
   static const int forced = [] {
     const char* v = std::getenv("FP8MOE_GROUPED_TILE_M");
@@ -37,7 +38,7 @@ int64_t tile_m_for(double rows_per_expert) {
   }();
   static const bool swap = [] {
     const char* v = std::getenv("FP8MOE_GROUPED_SWAP");
-    return v && v[0] == '1';
+    return !(v && v[0] == '0');
   }();
   if (forced) return forced;
   return swap ? grouped_tile_m(rows_per_expert) : 128;
