@@ -5,6 +5,9 @@
 #
 #   scripts/gpu_session.sh [--no-tests] [--no-sanitize] [--no-bench] [--bench-args "..."]
 #                          [--tests-filter REGEX] [--ncu "BENCH ARGS"] [--bench2-args "..."]
+#                          [--grouped-bench-args "..."] [--san-filter GTEST_FILTER]
+# --grouped-bench-args runs bench_cuda_grouped (the DEEPGEMM-contract grouped GEMM) with these
+# arguments (grouped.log, grouped.csv; "-" for none). --san-filter replaces the sanitizer subset.
 # --bench2-args runs the benchmark a second time with these arguments (bench2.log, bench2.csv),
 # e.g. "--path stream,decode --m 1,8,32" to compare two paths in the same session.
 # --ncu runs Nsight Compute (SpeedOfLight, memory, warp stalls) on the fused-MoE kernels of one
@@ -27,6 +30,8 @@ BENCH_ARGS=""
 NCU_ARGS=""
 BENCH2_ARGS=""
 TESTS_FILTER="Cuda"
+GROUPED_ARGS=""
+SAN_FILTER_ARG=""
 while [ $# -gt 0 ]; do
   case "$1" in
     --no-tests) RUN_TESTS=0 ;;
@@ -36,6 +41,8 @@ while [ $# -gt 0 ]; do
     --tests-filter) TESTS_FILTER="$2"; shift ;;
     --ncu) NCU_ARGS="$2"; shift ;;
     --bench2-args) BENCH2_ARGS="$2"; shift ;;
+    --grouped-bench-args) GROUPED_ARGS="$2"; shift ;;
+    --san-filter) SAN_FILTER_ARG="$2"; shift ;;
     *) echo "unknown argument $1"; exit 2 ;;
   esac
   shift
@@ -87,7 +94,8 @@ cmake -S . -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=Release -DFP8MOE_WITH_CUDA=ON
 CFG=$?
 stamp "build"
 if [ $CFG -eq 0 ]; then
-  cmake --build "$BUILD" -j "$(nproc)" --target fp8moe_cuda_tests bench_cuda_moe >>"$OUT/build.log" 2>&1
+  cmake --build "$BUILD" -j "$(nproc)" --target fp8moe_cuda_tests bench_cuda_moe \
+    $([ -f bench/bench_cuda_grouped.cu ] && echo bench_cuda_grouped) >>"$OUT/build.log" 2>&1
   BUILD_RC=$?
 else
   BUILD_RC=$CFG
@@ -115,7 +123,8 @@ fi
 # ---- compute-sanitizer subset -------------------------------------------------------------------
 if [ $RUN_SAN -eq 1 ]; then
   SAN_FILTER='CudaStreamPath.ExpertMapPaddedSlotsAndEmptyExperts:Cases/CudaExact.BitwiseOnEveryPath/block128_M5:Cases/CudaExact.BitwiseOnEveryPath/expert_parallel:Cases/CudaExact.BitwiseOnEveryPath/per_tensor_static:CudaExactBatched.MaskedFormatEntryPoint'
-  for tool in memcheck racecheck; do
+  [ -n "$SAN_FILTER_ARG" ] && SAN_FILTER="$SAN_FILTER_ARG"
+  for tool in memcheck racecheck synccheck; do
     stamp "compute-sanitizer $tool"
     timeout 300 compute-sanitizer --tool $tool --error-exitcode 9 "$TESTS" \
       --gtest_filter="$SAN_FILTER" >"$OUT/sanitizer_$tool.log" 2>&1
@@ -147,6 +156,14 @@ if [ $RUN_BENCH -eq 1 ]; then
     "$BENCH" --csv "$OUT/bench2.csv" $BENCH2_ARGS >"$OUT/bench2.log" 2>&1
     note "bench2: rc=$?"
   fi
+fi
+
+if [ -n "$GROUPED_ARGS" ]; then
+  stamp "grouped benchmark"
+  [ "$GROUPED_ARGS" = "-" ] && GROUPED_ARGS=""
+  # shellcheck disable=SC2086
+  "$BUILD/bench/bench_cuda_grouped" --csv "$OUT/grouped.csv" $GROUPED_ARGS >"$OUT/grouped.log" 2>&1
+  note "grouped bench: rc=$?"
 fi
 
 stamp "done"

@@ -13,6 +13,7 @@
 
 #ifdef FP8MOE_WITH_CUDA
 #include "kernels/cuda/fused_moe_cuda.hpp"
+#include "kernels/cuda/grouped_moe_cuda.hpp"
 #endif
 
 namespace fp8moe {
@@ -29,12 +30,12 @@ const bool g_cuda_hooks_installed = (cuda::install_hooks(), true);
 const std::vector<const ExpertsImpl*>& experts_impls() {
   static const std::vector<const ExpertsImpl*> impls = {
       &ref::ref_experts_impl(),  // "ref": the float64 reference (no vLLM class names it)
-      &cpu::cpu_w8a8_experts_impl(),
-      &cpu::cpu_w8a16_experts_impl(),
+      &cpu::cpu_w8a8_experts_impl(), &cpu::cpu_w8a16_experts_impl(),
 #ifdef FP8MOE_WITH_CUDA
       // CUDA kernels (src/kernels/cuda) go here.
-      &cuda::fused_impl(),
-      &cuda::fused_batched_impl(),
+      &cuda::fused_impl(), &cuda::fused_batched_impl(),
+      &cuda::grouped_impl(),         // DEEPGEMM (sm_90 only)
+      &cuda::grouped_masked_impl(),  // BATCHED_DEEPGEMM (sm_90 only)
 #endif
   };
   return impls;

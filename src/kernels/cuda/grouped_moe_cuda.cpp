@@ -1,0 +1,408 @@
+// "cuda_grouped" and "cuda_grouped_masked" (grouped_moe_cuda.hpp): the host chain around the
+// Hopper FP8 grouped GEMM. Routing, alignment, quantisation, activation and the top-k sum reuse
+// the shared kernels of the CUDA fused MoE (moe_launchers.hpp), so the numerics around the GEMMs
+// are the reference's (spec/numerics.md §3-§6) exactly as in cuda_fused.
+#include "grouped_moe_cuda.hpp"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cstdlib>
+#include <cstring>
+
+#include "fp8moe/error.hpp"
+#include "fused_moe_cuda.hpp"
+#include "moe_launchers.hpp"
+#include "moe_problem.hpp"
+#include "sm90_fp8_grouped_gemm.hpp"
+
+namespace fp8moe::cuda {
+
+namespace {
+
+constexpr int64_t kBM = 128;              // the grouped GEMM's M tile = DeepGEMM's M alignment
+constexpr int64_t kGroupedChunk = 16384;  // tokens per chunk (bounds the workspace)
+
+// The m-block of the grouped GEMMs for this many rows per expert: the swapped-operand kernel
+// (16/32/64) at <= 64 rows (80-93% of HBM read bandwidth at 16 rows per expert on the H200, against
+// 57-72% with 128-row padding; docs/PERFORMANCE.md), else 128. FP8MOE_GROUPED_TILE_M = 16, 32, 64
+// or 128 forces one; FP8MOE_GROUPED_SWAP=0 turns the swapped kernel off.
+int64_t tile_m_for(double rows_per_expert) {
+  static const int forced = [] {
+    const char* v = std::getenv("FP8MOE_GROUPED_TILE_M");
+    if (!v || !*v) return 0;
+    const int t = std::atoi(v);
+    if (t != 16 && t != 32 && t != 64 && t != 128)
+      throw ValueError(fmt::format("FP8MOE_GROUPED_TILE_M='{}' is not one of 16, 32, 64, 128", v));
+    return t;
+  }();
+  static const bool swap = [] {
+    const char* v = std::getenv("FP8MOE_GROUPED_SWAP");
+    return !(v && v[0] == '0');
+  }();
+  if (forced) return forced;
+  return swap ? grouped_tile_m(rows_per_expert) : 128;
+}
+
+std::string limit_of(const MoeProblem& p) {
+  if (p.x_f32) return "f32 activations (the DeepGEMM contract takes bf16)";
+  if (!p.gated) return "non-gated activations";
+  if (static_cast<Act>(p.ap.act) == Act::kSwigluOai) return "interleaved gate/up columns";
+  if (p.w1.scale_kind != static_cast<int>(WScale::kBlock) || p.w1.bn != 128 || p.w1.bk != 128)
+    return "weights need 128x128 block scales";
+  if (p.aq1 != AQuant::kGroupDynamic || p.aq2 != AQuant::kGroupDynamic || p.gk != 128)
+    return "activations need dynamic 1x128 group scales";
+  if (p.H % 128 != 0 || p.I % 128 != 0)
+    return fmt::format("hidden ({}) and intermediate ({}) must be multiples of 128", p.H, p.I);
+  if (p.E > kGroupedMaxExperts)
+    return fmt::format("more than {} local experts", kGroupedMaxExperts);
+  for (const WeightSide* w : {&p.w1, &p.w2})
+    if ((reinterpret_cast<uintptr_t>(w->w) & 15) != 0) return "weights must be 16-byte aligned";
+  return {};
+}
+
+void require(const MoeProblem& p, const char* name) {
+  const std::string why = limit_of(p);
+  if (!why.empty()) throw NotImplementedError(fmt::format("{}: {}", name, why));
+}
+
+GroupedGemmParams gemm_params(const WeightSide& w, int64_t N, int64_t K, int64_t a_rows,
+                              const float* a_scale) {
+  GroupedGemmParams g;
+  g.N = static_cast<int32_t>(N);
+  g.K = static_cast<int32_t>(K);
+  g.a_rows = a_rows;
+  g.a_scale = a_scale;
+  g.a_scale_stride = K / 128;
+  g.b_scale = w.scale;
+  g.b_scale_e_stride = w.scale_e_stride;
+  g.b_scale_n_stride = w.scale_n_stride;
+  g.bias = w.bias;
+  g.bias_bf16 = w.bias_bf16;
+  return g;
+}
+
+QuantSpec group_quant(const MoeProblem& p, bool second, unsigned* amax) {
+  QuantSpec q;
+  q.kind = AQuant::kGroupDynamic;
+  q.gk = 128;
+  q.ue8m0 = p.ue8m0;
+  q.min_scale = second && p.fused_silu_quant ? 1.0f / (kFp8Max * 512.0f) : 0.0f;
+  q.amax_ws = amax;
+  return q;
+}
+
+// ---- contiguous ("cuda_grouped") ---------------------------------------------------------------
+
+int64_t chunk_of(const MoeProblem& p) { return std::min<int64_t>(p.M, kGroupedChunk); }
+
+std::size_t contiguous_workspace(const FusedMoeArgs& args) {
+  const MoeProblem p = make_problem(args);
+  require(p, "cuda_grouped");
+  if (p.M == 0) return 0;
+  return workspace_layout(p, chunk_of(p), kBM, false, true).total;
+}
+
+void run_contiguous_chunk(const MoeProblem& p, const void* x, void* out, const void* logits,
+                          const int32_t* topk_ids, const float* topk_w, int64_t m,
+                          const Workspace& L, uint8_t* ws) {
+  const int64_t bm = L.bm;  // the grouped GEMMs' m-block (expert chunks are aligned to it)
+  cudaStream_t st = p.stream;
+  const int pairs = static_cast<int>(m * p.topk);
+  const int32_t* ids = topk_ids;
+  const float* tw = topk_w;
+  if (p.route_in_kernel) {
+    int32_t* rid = reinterpret_cast<int32_t*>(ws + L.ids);
+    float* rw = reinterpret_cast<float*>(ws + L.tw);
+    RoutingParams rp = p.rp;
+    rp.logits = logits;
+    launch_route(rp, static_cast<int>(m), static_cast<int>(p.E_global), static_cast<int>(p.topk),
+                 rid, rw, st);
+    ids = rid;
+    tw = rw;
+  }
+  // permute: per-expert chunks aligned to 128 rows
+  const AlignOut al{reinterpret_cast<int32_t*>(ws + L.sorted),
+                    reinterpret_cast<int32_t*>(ws + L.blk), reinterpret_cast<int32_t*>(ws + L.meta),
+                    reinterpret_cast<int32_t*>(ws + L.cnt),
+                    reinterpret_cast<int32_t*>(ws + L.eoff)};
+  launch_align(ids, pairs, p.expert_map, static_cast<int>(p.E_global), static_cast<int>(p.E),
+               static_cast<int>(bm), static_cast<int>(L.capacity), 0, al, st);
+  unsigned* amax = reinterpret_cast<unsigned*>(ws + L.amax);
+  // x quantised straight into the permuted order (row p = token sorted_ids[p] / topk)
+  uint8_t* qx = ws + L.qxs;
+  float* sx = reinterpret_cast<float*>(ws + L.sxs);
+  {
+    const RowSet rows{al.sorted_ids, al.meta, static_cast<int32_t>(L.capacity), pairs,
+                      static_cast<int32_t>(p.topk)};
+    RowScale rs;
+    if (p.router_on_input) rs.w = tw;
+    launch_quant(group_quant(p, false, amax), x, false, p.H, rows, rs, static_cast<int>(p.H),
+                 QuantOut{qx, p.H, sx, p.H / 128}, st);
+  }
+  const int64_t max_mblk = L.capacity / bm;
+  void* y1 = ws + L.y1;
+  {
+    GroupedGemmParams g = gemm_params(p.w1, p.N1, p.H, L.capacity, sx);
+    g.tile_m = static_cast<int32_t>(bm);
+    g.expert_blk = al.expert_blk;
+    g.num_rows_ptr = al.meta;
+    g.sorted_ids = al.sorted_ids;
+    g.num_valid = pairs;
+    g.out = static_cast<uint16_t*>(y1);
+    g.out_stride = p.N1;
+    launch_grouped_gemm(g, qx, p.w1.w, p.E * p.N1, max_mblk, st);
+  }
+  const bool h_f32 = p.fused_silu_quant;
+  void* h = ws + L.h;
+  const RowSet srows{al.sorted_ids, al.meta, static_cast<int32_t>(L.capacity), pairs};
+  launch_activation(y1, false, p.N1, srows, static_cast<int>(p.I), p.ap, h, h_f32, p.I, st);
+  uint8_t* qh = ws + L.qh;
+  float* sh = reinterpret_cast<float*>(ws + L.sh);
+  launch_quant(group_quant(p, true, amax), h, h_f32, p.I, srows, RowScale{}, static_cast<int>(p.I),
+               QuantOut{qh, p.I, sh, p.I / 128}, st);
+  void* y2 = ws + L.y2;
+  {
+    GroupedGemmParams g = gemm_params(p.w2, p.H, p.I, L.capacity, sh);
+    g.tile_m = static_cast<int32_t>(bm);
+    g.expert_blk = al.expert_blk;
+    g.num_rows_ptr = al.meta;
+    g.sorted_ids = al.sorted_ids;
+    g.num_valid = pairs;
+    g.out = static_cast<uint16_t*>(y2);
+    g.out_stride = p.H;
+    g.out_scatter = 1;  // unpermute: row = (token, slot)
+    g.row_weight = p.router_on_input ? nullptr : tw;
+    launch_grouped_gemm(g, qh, p.w2.w, p.E * p.H, max_mblk, st);
+  }
+  // reduce over the top-k slots (fp32 sum, one rounding)
+  launch_moe_sum(y2, false, ids, p.expert_map, static_cast<int>(p.E_global), static_cast<int>(p.E),
+                 static_cast<int>(m), static_cast<int>(p.topk), static_cast<int>(p.H), out, false,
+                 st);
+}
+
+void run_contiguous(const FusedMoeArgs& args, void* workspace) {
+  install_hooks();
+  const MoeProblem p = make_problem(args);
+  require(p, "cuda_grouped");
+  if (p.M == 0) return;
+  if (!workspace) throw ValueError("cuda_grouped: workspace is null (see workspace_size)");
+  const int64_t C = chunk_of(p);
+  const size_t logit_bytes = p.rp.logits_bf16 ? 2 : 4;
+  for (int64_t c0 = 0; c0 < p.M; c0 += C) {
+    const int64_t m = std::min(C, p.M - c0);
+    const int64_t bm = tile_m_for(double(m * p.topk) / double(p.E));
+    const Workspace L = workspace_layout(p, m, bm, false, true);
+    run_contiguous_chunk(
+        p, static_cast<const uint8_t*>(p.x) + c0 * p.H * 2,
+        static_cast<uint8_t*>(p.out) + c0 * p.H * 2,
+        p.route_in_kernel ? static_cast<const uint8_t*>(p.rp.logits) + c0 * p.E_global * logit_bytes
+                          : nullptr,
+        p.topk_ids ? p.topk_ids + c0 * p.topk : nullptr,
+        p.topk_w ? p.topk_w + c0 * p.topk : nullptr, m, L, static_cast<uint8_t*>(workspace));
+  }
+}
+
+// ---- masked ("cuda_grouped_masked") ------------------------------------------------------------
+
+struct MaskedProblem {
+  MoeProblem p;
+  int64_t E = 0, max_m = 0;
+  const int32_t* counts = nullptr;
+};
+
+// The batched args seen as a standard problem over the E * max_m slab rows (for the shared checks
+// and descriptors); routing is absent in this format, so a placeholder top-1 routing of the right
+// shape stands in (never read).
+MaskedProblem masked_problem(const FusedMoeArgs& a) {
+  if (!a.batched())
+    throw ValueError("cuda_grouped_masked: expert_num_tokens is required (batched format)");
+  validate_fused_moe_args(a);
+  const TensorView& x = a.x;
+  if (x.ndim != 3)
+    throw ValueError(fmt::format("cuda_grouped_masked: x {} must be (E, max_m, H)", x.describe()));
+  MaskedProblem mp;
+  mp.E = x.size(0);
+  mp.max_m = x.size(1);
+  const int64_t H = x.size(2), rows = mp.E * mp.max_m;
+  if (!a.expert_num_tokens.device.is_cuda() || a.expert_num_tokens.dtype != DType::kI32)
+    throw ValueError(fmt::format("cuda_grouped_masked: expert_num_tokens {} must be i32 on the GPU",
+                                 a.expert_num_tokens.describe()));
+  if (!a.out.defined() || a.out.sizes() != x.sizes() || a.out.dtype != x.dtype)
+    throw ValueError(
+        fmt::format("cuda_grouped_masked: out {} must match x {}", a.out.describe(), x.describe()));
+  if (rows > INT32_MAX / 2) throw ValueError("cuda_grouped_masked: E * max_m is too large");
+  FusedMoeArgs s = a;
+  s.expert_num_tokens = {};
+  s.x = TensorView(x.data, x.dtype, {rows, H}, x.device);
+  s.out = TensorView(a.out.data, a.out.dtype, {rows, H}, a.out.device);
+  void* placeholder = a.expert_num_tokens.data;
+  s.topk_ids = TensorView(placeholder, DType::kI32, {rows, 1}, x.device);
+  s.topk_weights = TensorView(placeholder, DType::kF32, {rows, 1}, x.device);
+  s.router_logits = {};
+  s.expert_map = {};
+  s.apply_router_weight_on_input = false;
+  mp.p = make_problem(s);
+  mp.counts = static_cast<const int32_t*>(a.expert_num_tokens.data);
+  return mp;
+}
+
+struct MaskedLayout {
+  std::size_t ids = 0, meta = 0, qx = 0, sx = 0, y1 = 0, h = 0, qh = 0, sh = 0, amax = 0, total = 0;
+};
+MaskedLayout masked_layout(const MoeProblem& p, int64_t rows) {
+  MaskedLayout L;
+  std::size_t off = 0;
+  auto take = [&](std::size_t bytes) {
+    const std::size_t at = off;
+    off += (bytes + 255) / 256 * 256;
+    return at;
+  };
+  L.ids = take(rows * 4);
+  L.meta = take(16);
+  L.qx = take(rows * p.H);
+  L.sx = take(std::max<int64_t>(1, rows * (p.H / 128)) * 4);
+  L.y1 = take(rows * p.N1 * 2);
+  L.h = take(rows * p.I * (p.fused_silu_quant ? 4 : 2));
+  L.qh = take(rows * p.I);
+  L.sh = take(std::max<int64_t>(1, rows * (p.I / 128)) * 4);
+  L.amax = take(16);
+  L.total = off;
+  return L;
+}
+
+std::size_t masked_workspace(const FusedMoeArgs& args) {
+  const MaskedProblem mp = masked_problem(args);
+  require(mp.p, "cuda_grouped_masked");
+  const int64_t rows = mp.E * mp.max_m;
+  if (rows == 0) return 0;
+  return masked_layout(mp.p, rows).total;
+}
+
+void run_masked(const FusedMoeArgs& args, void* workspace) {
+  install_hooks();
+  const MaskedProblem mp = masked_problem(args);
+  const MoeProblem& p = mp.p;
+  require(p, "cuda_grouped_masked");
+  const int64_t rows = mp.E * mp.max_m;
+  if (rows == 0) return;
+  if (!workspace) throw ValueError("cuda_grouped_masked: workspace is null (see workspace_size)");
+  cudaStream_t st = p.stream;
+  uint8_t* ws = static_cast<uint8_t*>(workspace);
+  const MaskedLayout L = masked_layout(p, rows);
+  int32_t* ids = reinterpret_cast<int32_t*>(ws + L.ids);
+  int32_t* meta = reinterpret_cast<int32_t*>(ws + L.meta);
+  launch_masked_rows(mp.counts, static_cast<int>(mp.E), static_cast<int>(mp.max_m), ids, meta, st);
+  const RowSet vrows{ids, meta, static_cast<int32_t>(rows), static_cast<int32_t>(rows)};
+  unsigned* amax = reinterpret_cast<unsigned*>(ws + L.amax);
+  uint8_t* qx = ws + L.qx;
+  float* sx = reinterpret_cast<float*>(ws + L.sx);
+  launch_quant(group_quant(p, false, amax), p.x, false, p.H, vrows, RowScale{},
+               static_cast<int>(p.H), QuantOut{qx, p.H, sx, p.H / 128}, st);
+  // m-block from the slab height (the counts stay on the device); host bound of the blocks
+  const int64_t bm = tile_m_for(double(mp.max_m));
+  const int64_t max_mblk = mp.E * ceil_div(mp.max_m, bm);
+  void* y1 = ws + L.y1;
+  {
+    GroupedGemmParams g = gemm_params(p.w1, p.N1, p.H, rows, sx);
+    g.tile_m = static_cast<int32_t>(bm);
+    g.masked = 1;
+    g.counts = mp.counts;
+    g.E = static_cast<int32_t>(mp.E);
+    g.max_m = static_cast<int32_t>(mp.max_m);
+    g.out = static_cast<uint16_t*>(y1);
+    g.out_stride = p.N1;
+    launch_grouped_gemm(g, qx, p.w1.w, p.E * p.N1, max_mblk, st);
+  }
+  const bool h_f32 = p.fused_silu_quant;
+  void* h = ws + L.h;
+  launch_activation(y1, false, p.N1, vrows, static_cast<int>(p.I), p.ap, h, h_f32, p.I, st);
+  uint8_t* qh = ws + L.qh;
+  float* sh = reinterpret_cast<float*>(ws + L.sh);
+  launch_quant(group_quant(p, true, amax), h, h_f32, p.I, vrows, RowScale{}, static_cast<int>(p.I),
+               QuantOut{qh, p.I, sh, p.I / 128}, st);
+  {
+    GroupedGemmParams g = gemm_params(p.w2, p.H, p.I, rows, sh);
+    g.tile_m = static_cast<int32_t>(bm);
+    g.masked = 1;
+    g.counts = mp.counts;
+    g.E = static_cast<int32_t>(mp.E);
+    g.max_m = static_cast<int32_t>(mp.max_m);
+    g.out = static_cast<uint16_t*>(p.out);
+    g.out_stride = p.H;
+    launch_grouped_gemm(g, qh, p.w2.w, p.E * p.H, max_mblk, st);
+  }
+}
+
+// ---- ExpertsImpl entries -----------------------------------------------------------------------
+
+Support supports_config(const MoeConfig& config, const std::optional<QuantKey>& wk,
+                        const std::optional<QuantKey>& ak) {
+  if (!activation_is_gated(config.activation) || config.activation == MoeActivation::kSwigluOai)
+    return Support::no(
+        fmt::format("cuda_grouped runs gated activations with packed gate/up only, not {}",
+                    activation_repr(config.activation)));
+  if (config.activation == MoeActivation::kRelu2)
+    return Support::no("cuda_grouped does not implement relu2");
+  if (!wk || !ak)
+    return Support::no("cuda_grouped runs FP8 weights with FP8 activations only (no W16A16)");
+  if (wk->dtype != KeyDType::kF8E4M3FN || ak->dtype != KeyDType::kF8E4M3FN)
+    return Support::no("cuda_grouped runs float8_e4m3fn weights and activations only");
+  if (wk->scale.dtype != KeyDType::kF32 || ak->scale.dtype != KeyDType::kF32)
+    return Support::no("cuda_grouped takes f32 scales only");
+  if (wk->scale.group_shape != GroupShape(128, 128))
+    return Support::no("cuda_grouped needs 128x128 weight blocks");
+  if (ak->scale.group_shape != GroupShape(1, 128))
+    return Support::no("cuda_grouped needs 1x128 dynamic activation groups");
+  if (config.in_dtype != DType::kBF16) return Support::no("cuda_grouped takes bf16 activations");
+  if (config.num_experts > 4096) return Support::no("cuda_grouped routes at most 4096 experts");
+  return Support::yes();
+}
+
+bool available() { return device_capability() == 90 && kernels_available(); }
+
+}  // namespace
+
+std::string grouped_limit(const FusedMoeArgs& args) {
+  try {
+    if (args.batched()) return limit_of(masked_problem(args).p);
+    return limit_of(make_problem(args));
+  } catch (const Error& e) {
+    return e.what();
+  }
+}
+
+bool deep_gemm_shape_ok(int64_t M, int64_t N, int64_t K) {
+  constexpr int64_t align = 128;
+  return align <= M && N % align == 0 && K % align == 0 && N > 512;
+}
+
+const ExpertsImpl& grouped_impl() {
+  static const ExpertsImpl impl = [] {
+    ExpertsImpl i;
+    i.name = "cuda_grouped";
+    i.device = DeviceKind::kCuda;
+    i.supports_config = supports_config;
+    i.available = available;
+    i.workspace_size = contiguous_workspace;
+    i.run = run_contiguous;
+    return i;
+  }();
+  return impl;
+}
+
+const ExpertsImpl& grouped_masked_impl() {
+  static const ExpertsImpl impl = [] {
+    ExpertsImpl i;
+    i.name = "cuda_grouped_masked";
+    i.device = DeviceKind::kCuda;
+    i.supports_config = supports_config;
+    i.available = available;
+    i.workspace_size = masked_workspace;
+    i.run = run_masked;
+    return i;
+  }();
+  return impl;
+}
+
+}  // namespace fp8moe::cuda

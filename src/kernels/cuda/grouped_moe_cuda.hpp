@@ -1,0 +1,33 @@
+// The DEEPGEMM-contract experts on Hopper as fp8moe ExpertsImpls (plain C++, no CUDA headers):
+//   "cuda_grouped"         TritonOrDeepGemmExperts' DeepGEMM side (standard format): route (when
+//                          logits are given), permute the (token, slot) pairs into per-expert
+//                          chunks aligned to 128 rows, quantise x (1 x 128) into that order,
+//                          grouped GEMM1, activation, quantise (1 x 128), grouped GEMM2 with the
+//                          router weight and the scatter back to (token, slot) rows, top-k sum.
+//   "cuda_grouped_masked"  BatchedDeepGemmExperts (batched format: x (E, max_m, H) with
+//                          expert_num_tokens on the device): the same chain over the masked slabs;
+//                          rows past each expert's count are neither computed nor written.
+// Both take the B128 scheme only (128 x 128 weight blocks, 1 x 128 dynamic activation groups, bf16
+// activations, gated activation with packed gate/up) with H and I multiples of 128, and run on
+// sm_90 only (wgmma + TMA, sm90_fp8_grouped_gemm.cuh). No host synchronisation, no allocation:
+// graph-capturable.
+#pragma once
+
+#include <string>
+
+#include "fp8moe/fused_moe.hpp"
+
+namespace fp8moe::cuda {
+
+const ExpertsImpl& grouped_impl();
+const ExpertsImpl& grouped_masked_impl();
+
+// Why the grouped kernels cannot compute args ("" when they can); never throws.
+std::string grouped_limit(const FusedMoeArgs& args);
+
+// vLLM's _valid_deep_gemm shape rule of TritonOrDeepGemmExperts (spec/oracle.md): DeepGEMM runs
+// when align <= M, N % align == 0, K % align == 0 and N > 512 (align = 128; M = tokens, K = H,
+// N = I); otherwise the call falls back to the Triton kernel ("cuda_fused").
+bool deep_gemm_shape_ok(int64_t M, int64_t N, int64_t K);
+
+}  // namespace fp8moe::cuda

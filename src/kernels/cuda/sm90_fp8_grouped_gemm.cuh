@@ -1,0 +1,652 @@
+// Hopper FP8 grouped GEMM (sm_90a), warp-specialised: the kernel of sm90_fp8_grouped_gemm.hpp.
+//
+// One persistent CTA per SM walks 128 x 128 output tiles (expert, m-block, n-block) in a grouped
+// order (8 m-blocks per group, n-blocks inside a group) so that the CTAs running together share A
+// and B tiles in L2. Three warpgroups:
+//   WG0  producer (registers lowered to 40): one thread issues, per 128-wide K block, a TMA load of
+//        the 128 A rows (128 x 128 B) and of the expert's 128 weight rows (128 x 128 B), both with
+//        the 128-byte swizzle, into a kGStages-deep shared-memory ring (full/empty mbarriers). The
+//        ring runs on across tiles, so the next tile streams in during an epilogue.
+//   WG1, WG2  consumers (registers raised to 232): rows 0-63 and 64-127 of the tile. Per K block:
+//        4 x wgmma m64n128k32 e4m3 into a fresh fp32 partial, then promotion in registers:
+//        acc += partial * (a_scale[row, kb] * b_scale[e, nb, kb]) (Hopper's FP8 wgmma adds with
+//        reduced precision inside the tensor core; promoting every 128 of K bounds that error,
+//        the DeepSeek-V3 recipe). The two warpgroups alternate on the tensor core while the other
+//        promotes.
+// Epilogue per warpgroup: bias, row weight, rounding to bf16, staged through padded shared memory
+// (conflict-free), 16-byte stores to the destination rows (sorted position, (token, slot) row or
+// masked slab row).
+#pragma once
+
+#include "cuda_common.cuh"
+#include "sm90_fp8_grouped_gemm.hpp"
+
+namespace fp8moe::cuda {
+
+constexpr int kGBM = 128, kGBN = 128, kGBK = 128;
+constexpr int kGStages = 5;
+constexpr int kGThreads = 384;
+constexpr int kGAStage = kGBM * kGBK;  // 16 KB
+constexpr int kGBStage = kGBN * kGBK;  // 16 KB
+constexpr int kGStageBytes = kGAStage + kGBStage;
+constexpr int kGEpiPitch = kGBN + 8;                 // bf16 per staged row (272 B: no conflicts)
+constexpr int kGEpiBytes = 2 * 64 * kGEpiPitch * 2;  // both consumer warpgroups
+constexpr int kGGroupM = 8;                          // m-blocks per scheduling group
+constexpr int kGSmemBytes = 1024 + kGStages * kGStageBytes + kGEpiBytes + 2 * kGStages * 8 +
+                            (kGroupedMaxExperts + 1) * 4 + 64;
+
+// K-major operand, 128-byte swizzle: rows of 128 bytes, 8-row groups 1024 bytes apart.
+__device__ __forceinline__ uint64_t gg_desc(const void* smem) {
+  const uint64_t addr = smem_u32(smem);
+  uint64_t d = 0;
+  d |= (addr & 0x3FFFFull) >> 4;   // start address (16-byte units)
+  d |= uint64_t(1) << 16;          // leading byte offset (ignored with swizzle)
+  d |= uint64_t(1024 >> 4) << 32;  // stride byte offset: next 8-row group
+  d |= uint64_t(1) << 62;          // 128-byte swizzle
+  return d;
+}
+
+__device__ __forceinline__ void gg_fence() {
+  asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
+}
+__device__ __forceinline__ void gg_commit() {
+  asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
+}
+__device__ __forceinline__ void gg_wait0() {
+  asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");
+}
+template <int kN>
+__device__ __forceinline__ void gg_reg_fence(float (&d)[kN]) {
+#pragma unroll
+  for (int i = 0; i < kN; ++i) asm volatile("" : "+f"(d[i])::"memory");
+}
+__device__ __forceinline__ void gg_bar(int id, int count) {
+  asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(count) : "memory");
+}
+template <int kRegs>
+__device__ __forceinline__ void gg_setmaxnreg_inc() {
+  asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(kRegs));
+}
+template <int kRegs>
+__device__ __forceinline__ void gg_setmaxnreg_dec() {
+  asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(kRegs));
+}
+
+// D(64 x 128 f32) (+)= A(64 x 32 e4m3, smem) * B(128 x 32 e4m3, smem)^T; scale_d = 0 overwrites.
+__device__ __forceinline__ void gg_wgmma_n128(float (&d)[64], uint64_t da, uint64_t db,
+                                              int scale_d) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n128k32.f32.e4m3.e4m3 "
+      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, "
+      "%20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, "
+      "%38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, "
+      "%56, %57, %58, %59, %60, %61, %62, %63}, %64, %65, p, 1, 1;\n}\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]),
+        "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]),
+        "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]),
+        "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]),
+        "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]),
+        "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]),
+        "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]),
+        "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
+        "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]),
+        "+f"(d[63])
+      : "l"(da), "l"(db), "r"(scale_d));
+}
+
+// D(64 x 16 f32) (+)= A(64 x 32 e4m3, smem) * B(16 x 32 e4m3, smem)^T.
+__device__ __forceinline__ void gg_wgmma_n16(float (&d)[8], uint64_t da, uint64_t db, int scale_d) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %10, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n16k32.f32.e4m3.e4m3 "
+      "{%0, %1, %2, %3, %4, %5, %6, %7}, %8, %9, p, 1, 1;\n}\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]),
+        "+f"(d[7])
+      : "l"(da), "l"(db), "r"(scale_d));
+}
+
+// D(64 x 32 f32) (+)= A(64 x 32 e4m3, smem) * B(32 x 32 e4m3, smem)^T.
+__device__ __forceinline__ void gg_wgmma_n32(float (&d)[16], uint64_t da, uint64_t db,
+                                             int scale_d) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %18, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n32k32.f32.e4m3.e4m3 "
+      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15}, %16, %17, p, 1, "
+      "1;\n}\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]),
+        "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]),
+        "+f"(d[14]), "+f"(d[15])
+      : "l"(da), "l"(db), "r"(scale_d));
+}
+
+// D(64 x 64 f32) (+)= A(64 x 32 e4m3, smem) * B(64 x 32 e4m3, smem)^T.
+__device__ __forceinline__ void gg_wgmma_n64(float (&d)[32], uint64_t da, uint64_t db,
+                                             int scale_d) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n64k32.f32.e4m3.e4m3 "
+      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, "
+      "%20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, %32, %33, p, 1, 1;\n}\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]),
+        "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]),
+        "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]),
+        "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]),
+        "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
+      : "l"(da), "l"(db), "r"(scale_d));
+}
+
+// ---- clusters (TMA multicast) ----------------------------------------------------------------
+__device__ __forceinline__ uint32_t gg_cluster_rank() {
+  uint32_t r;
+  asm volatile("mov.u32 %0, %%cluster_ctarank;\n" : "=r"(r));
+  return r;
+}
+__device__ __forceinline__ void gg_cluster_sync() {
+  asm volatile("barrier.cluster.arrive.release.aligned;\nbarrier.cluster.wait.acquire.aligned;\n" ::
+                   : "memory");
+}
+// Arrive on the mbarrier at the same shared-memory offset in CTA `rank` of the cluster.
+__device__ __forceinline__ void gg_arrive_cluster(uint64_t* bar, uint32_t rank) {
+  uint32_t remote;
+  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;\n"
+               : "=r"(remote)
+               : "r"(smem_u32(bar)), "r"(rank));
+  asm volatile("mbarrier.arrive.release.cluster.shared::cluster.b64 _, [%0];\n" ::"r"(remote)
+               : "memory");
+}
+// 2D TMA load multicast to the CTAs of `mask` (same shared-memory offset, same mbarrier offset).
+__device__ __forceinline__ void gg_tma_load_mc(void* smem, const CUtensorMap* map, uint64_t* bar,
+                                               int c0, int c1, uint16_t mask) {
+  asm volatile(
+      "cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes.multicast::"
+      "cluster [%0], [%1, {%3, %4}], [%2], %5;\n" ::"r"(smem_u32(smem)),
+      "l"(map), "r"(smem_u32(bar)), "r"(c0), "r"(c1), "h"(mask)
+      : "memory");
+}
+
+// One output tile: expert, first A row, rows that exist (masked; 128 when contiguous), n-block.
+struct GTile {
+  int e, row0, rows, nt;
+};
+
+// Tile t of total_m x n_tiles_n in the grouped order. pref: masked prefix of m-blocks per expert.
+template <int kBM = kGBM>
+__device__ __forceinline__ GTile gg_tile(const GroupedGemmParams& p, const int* pref, int total_m,
+                                         int n_tiles_n, int t) {
+  const int per_group = kGGroupM * n_tiles_n;
+  const int grp = t / per_group, rem = t % per_group;
+  const int m_first = grp * kGGroupM;
+  const int gm = min(kGGroupM, total_m - m_first);
+  const int mb = m_first + rem % gm;
+  GTile g;
+  g.nt = rem / gm;
+  if (p.masked) {
+    int lo = 0, hi = p.E - 1;  // last e with pref[e] <= mb (then pref[e + 1] > mb)
+    while (lo < hi) {
+      const int mid = (lo + hi + 1) >> 1;
+      if (pref[mid] <= mb)
+        lo = mid;
+      else
+        hi = mid - 1;
+    }
+    const int local = mb - pref[lo];
+    const int c = min(max(p.counts[lo], 0), p.max_m);
+    g.e = lo;
+    g.row0 = lo * p.max_m + local * kBM;
+    g.rows = min(kBM, c - local * kBM);
+  } else {
+    g.e = p.expert_blk[mb];
+    g.row0 = mb * kBM;
+    g.rows = kBM;
+  }
+  return g;
+}
+
+// kMc = 2: clusters of two CTAs on the same m-block and adjacent n-blocks; each CTA loads half of
+// the A tile and multicasts it to both (L2 -> SM traffic per K block 24 KB instead of 32 KB).
+// Every consumer warp releases a stage in both CTAs (empty barriers count 16 arrivals).
+template <int kMc>
+__global__ void __launch_bounds__(kGThreads, 1)
+    grouped_gemm_kernel(const __grid_constant__ GroupedGemmParams p,
+                        const __grid_constant__ CUtensorMap tm_a,
+                        const __grid_constant__ CUtensorMap tm_b) {
+  extern __shared__ uint8_t gg_smem_raw[];
+  uint8_t* smem = reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(gg_smem_raw) + 1023) &
+                                             ~uintptr_t(1023));
+  uint16_t* epi = reinterpret_cast<uint16_t*>(smem + kGStages * kGStageBytes);
+  uint64_t* full = reinterpret_cast<uint64_t*>(smem + kGStages * kGStageBytes + kGEpiBytes);
+  uint64_t* empty = full + kGStages;
+  int* pref = reinterpret_cast<int*>(empty + kGStages);
+  __shared__ int s_dst[2][64];
+  __shared__ float s_w[2][64];
+
+  const int tid = threadIdx.x;
+  const int wg = tid / 128, wtid = tid % 128;
+  const int warp = wtid / 32, lane = tid % 32;
+  if (tid == 0) {
+    for (int i = 0; i < kGStages; ++i) {
+      mbar_init(&full[i], 1);
+      mbar_init(&empty[i], 8 * kMc);  // one arrive per consumer warp (of each CTA of the cluster)
+    }
+    fence_barrier_init();
+  }
+  const uint32_t crank = kMc > 1 ? gg_cluster_rank() : 0;
+  int total_m = 0;
+  if (p.masked) {
+    // exclusive prefix of 128-row blocks per expert, by warp 0
+    if (tid < 32) {
+      int carry = 0;
+      if (tid == 0) pref[0] = 0;
+      for (int base = 0; base < p.E; base += 32) {
+        const int e = base + tid;
+        const int c = e < p.E ? min(max(p.counts[e], 0), p.max_m) : 0;
+        int incl = (c + kGBM - 1) / kGBM;
+#pragma unroll
+        for (int o = 1; o < 32; o <<= 1) {
+          const int n = __shfl_up_sync(0xffffffffu, incl, o);
+          if (tid >= o) incl += n;
+        }
+        if (e < p.E) pref[e + 1] = carry + incl;
+        carry += __shfl_sync(0xffffffffu, incl, 31);
+      }
+    }
+    __syncthreads();
+    total_m = pref[p.E];
+  } else {
+    __syncthreads();
+    total_m = *p.num_rows_ptr / kGBM;
+  }
+  if constexpr (kMc > 1) gg_cluster_sync();  // the peer's barriers are initialised
+  // tiles of the cluster: n-blocks in groups of kMc, CTA crank takes n-block kMc * np + crank
+  const int n_tiles_n = p.N / kGBN / kMc;
+  const int n_tiles = total_m * n_tiles_n;
+  const int num_kb = p.K / kGBK;
+  const int cid = blockIdx.x / kMc, ncl = gridDim.x / kMc;
+
+  if (wg == 0) {
+    // =============================== producer ===============================================
+    gg_setmaxnreg_dec<40>();
+    if (wtid == 0) {
+      tma_prefetch_desc(&tm_a);
+      tma_prefetch_desc(&tm_b);
+      int it = 0;
+      for (int t = cid; t < n_tiles; t += ncl) {
+        const GTile g = gg_tile(p, pref, total_m, n_tiles_n, t);
+        const int nt = g.nt * kMc + static_cast<int>(crank);
+        const int brow = g.e * p.N + nt * kGBN;
+        for (int kb = 0; kb < num_kb; ++kb, ++it) {
+          const int s = it % kGStages;
+          const uint32_t ph = (it / kGStages) & 1;
+          mbar_wait(&empty[s], ph ^ 1);
+          uint8_t* a_dst = smem + s * kGStageBytes;
+          mbar_arrive_expect_tx(&full[s], kGStageBytes);
+          if constexpr (kMc > 1) {
+            constexpr int kRows = kGBM / kMc;
+            gg_tma_load_mc(a_dst + crank * (kRows * kGBK), &tm_a, &full[s], kb * kGBK,
+                           g.row0 + static_cast<int>(crank) * kRows, uint16_t((1u << kMc) - 1));
+          } else {
+            tma_load_2d(a_dst, &tm_a, &full[s], kb * kGBK, g.row0);
+          }
+          tma_load_2d(a_dst + kGAStage, &tm_b, &full[s], kb * kGBK, brow);
+        }
+      }
+    }
+    if constexpr (kMc > 1) gg_cluster_sync();
+    return;
+  }
+
+  // ================================= consumers ==============================================
+  gg_setmaxnreg_inc<232>();
+  const int cw = wg - 1;  // rows [64 cw, 64 cw + 64) of the tile
+  const int r_lo = cw * 64 + warp * 16 + (lane >> 2), r_hi = r_lo + 8;
+  const int q = lane & 3;
+  int it = 0;
+  for (int t = cid; t < n_tiles; t += ncl) {
+    GTile g = gg_tile(p, pref, total_m, n_tiles_n, t);
+    g.nt = g.nt * kMc + static_cast<int>(crank);
+    const int64_t ar0 = int64_t(g.row0) + r_lo, ar1 = int64_t(g.row0) + r_hi;
+    // rows past A's end (masked tail) read scale 0: their outputs are never stored
+    const float* as0 = ar0 < p.a_rows ? p.a_scale + ar0 * p.a_scale_stride : nullptr;
+    const float* as1 = ar1 < p.a_rows ? p.a_scale + ar1 * p.a_scale_stride : nullptr;
+    const float* bs =
+        p.b_scale + int64_t(g.e) * p.b_scale_e_stride + int64_t(g.nt) * p.b_scale_n_stride;
+    float acc[64], part[64];
+#pragma unroll
+    for (int i = 0; i < 64; ++i) acc[i] = 0.0f;
+    float sa0 = as0 ? __ldg(as0) : 0.0f, sa1 = as1 ? __ldg(as1) : 0.0f, sb = __ldg(bs);
+    for (int kb = 0; kb < num_kb; ++kb, ++it) {
+      const int s = it % kGStages;
+      const uint32_t ph = (it / kGStages) & 1;
+      mbar_wait(&full[s], ph);
+      const uint8_t* a_s = smem + s * kGStageBytes + cw * (64 * kGBK);
+      const uint8_t* b_s = smem + s * kGStageBytes + kGAStage;
+      const uint64_t da = gg_desc(a_s), db = gg_desc(b_s);
+      gg_reg_fence(part);
+      gg_fence();
+#pragma unroll
+      for (int ks = 0; ks < 4; ++ks) gg_wgmma_n128(part, da + 2 * ks, db + 2 * ks, ks > 0);
+      gg_commit();
+      float na0 = 0.0f, na1 = 0.0f, nb = 0.0f;
+      if (kb + 1 < num_kb) {
+        na0 = as0 ? __ldg(as0 + kb + 1) : 0.0f;
+        na1 = as1 ? __ldg(as1 + kb + 1) : 0.0f;
+        nb = __ldg(bs + kb + 1);
+      }
+      gg_wait0();
+      gg_reg_fence(part);
+      if (lane == 0) {
+        if constexpr (kMc > 1) {
+#pragma unroll
+          for (int r = 0; r < kMc; ++r) gg_arrive_cluster(&empty[s], r);
+        } else {
+          mbar_arrive(&empty[s]);
+        }
+      }
+      const float s0 = sa0 * sb, s1 = sa1 * sb;
+#pragma unroll
+      for (int j = 0; j < 16; ++j) {
+        acc[4 * j + 0] = fmaf(part[4 * j + 0], s0, acc[4 * j + 0]);
+        acc[4 * j + 1] = fmaf(part[4 * j + 1], s0, acc[4 * j + 1]);
+        acc[4 * j + 2] = fmaf(part[4 * j + 2], s1, acc[4 * j + 2]);
+        acc[4 * j + 3] = fmaf(part[4 * j + 3], s1, acc[4 * j + 3]);
+      }
+      sa0 = na0;
+      sa1 = na1;
+      sb = nb;
+    }
+
+    // ---- epilogue ----
+    uint16_t* stage = epi + cw * (64 * kGEpiPitch);
+    gg_bar(1 + cw, 128);  // the previous tile's readers of stage / s_dst are done
+    if (wtid < 64) {
+      const int r = cw * 64 + wtid;
+      int dst = -1;
+      float w = 1.0f;
+      if (p.masked) {
+        if (r < g.rows) dst = g.row0 + r;
+      } else {
+        const int pos = g.row0 + r;
+        const int id = p.sorted_ids ? p.sorted_ids[pos] : pos;
+        if (!p.sorted_ids || id < p.num_valid) {
+          dst = p.out_scatter ? id : pos;
+          if (p.row_weight) w = p.row_weight[id];
+        }
+      }
+      s_dst[cw][wtid] = dst;
+      s_w[cw][wtid] = w;
+    }
+    gg_bar(1 + cw, 128);
+    const float w_lo = s_w[cw][r_lo - cw * 64], w_hi = s_w[cw][r_hi - cw * 64];
+    const int n0 = g.nt * kGBN;
+#pragma unroll
+    for (int j = 0; j < 16; ++j) {
+      const int col = 8 * j + 2 * q;
+      float b0 = 0.0f, b1 = 0.0f;
+      if (p.bias) {
+        const int64_t bi = int64_t(g.e) * p.N + n0 + col;
+        if (p.bias_bf16) {
+          b0 = bf16_bits_to_float(static_cast<const uint16_t*>(p.bias)[bi]);
+          b1 = bf16_bits_to_float(static_cast<const uint16_t*>(p.bias)[bi + 1]);
+        } else {
+          b0 = static_cast<const float*>(p.bias)[bi];
+          b1 = static_cast<const float*>(p.bias)[bi + 1];
+        }
+      }
+      const float v00 = (acc[4 * j + 0] + b0) * w_lo, v01 = (acc[4 * j + 1] + b1) * w_lo;
+      const float v10 = (acc[4 * j + 2] + b0) * w_hi, v11 = (acc[4 * j + 3] + b1) * w_hi;
+      *reinterpret_cast<uint32_t*>(stage + (r_lo - cw * 64) * kGEpiPitch + col) =
+          uint32_t(float_to_bf16_bits(v00)) | (uint32_t(float_to_bf16_bits(v01)) << 16);
+      *reinterpret_cast<uint32_t*>(stage + (r_hi - cw * 64) * kGEpiPitch + col) =
+          uint32_t(float_to_bf16_bits(v10)) | (uint32_t(float_to_bf16_bits(v11)) << 16);
+    }
+    gg_bar(1 + cw, 128);
+    // 64 rows x 256 bytes: 16 lanes per row
+#pragma unroll 4
+    for (int i = wtid; i < 64 * 16; i += 128) {
+      const int r = i >> 4, c = i & 15;
+      const int dst = s_dst[cw][r];
+      if (dst < 0) continue;
+      *reinterpret_cast<uint4*>(p.out + int64_t(dst) * p.out_stride + n0 + c * 8) =
+          *reinterpret_cast<const uint4*>(stage + r * kGEpiPitch + c * 8);
+    }
+  }
+  if constexpr (kMc > 1) gg_cluster_sync();  // no multicast or remote arrive into a finished CTA
+}
+
+// ---- small rows per expert: swapped operands -------------------------------------------------
+// The weights are wgmma's M operand (two consumer warpgroups x 64 weight rows = one 128-row
+// n-block) and the tokens its N operand (kTN = 16, 32 or 64 rows per m-block), so a tile computes
+// 128 output columns for kTN tokens and no expert is padded to 128 rows: the kernel streams the
+// weights with only kTN-row padding. Same ring, promotion and scales as above; the accumulator is
+// the transpose (thread: two weight rows x kTN/8 pairs of tokens), staged transposed in shared
+// memory for 16-byte row stores.
+template <int kTN>
+struct SwapCfg {
+  static constexpr int kStages = 6;
+  static constexpr int kWStage = kGBN * kGBK;  // 16 KB of weights
+  static constexpr int kTStage = kTN * kGBK;   // tokens
+  static constexpr int kStageBytes = kWStage + kTStage;
+  static constexpr int kEpiBytes = kTN * kGEpiPitch * 2;
+  static constexpr int kSmemBytes = 1024 + kStages * kStageBytes + kEpiBytes + 2 * kStages * 8 +
+                                    (kGroupedMaxExperts + 1) * 4 + 64;
+};
+
+template <int kTN>
+__device__ __forceinline__ void gg_wgmma_tn(float (&d)[kTN / 2], uint64_t da, uint64_t db,
+                                            int scale_d) {
+  if constexpr (kTN == 16)
+    gg_wgmma_n16(d, da, db, scale_d);
+  else if constexpr (kTN == 32)
+    gg_wgmma_n32(d, da, db, scale_d);
+  else
+    gg_wgmma_n64(d, da, db, scale_d);
+}
+
+template <int kTN>
+__global__ void __launch_bounds__(kGThreads, 1)
+    grouped_gemm_swap_kernel(const __grid_constant__ GroupedGemmParams p,
+                             const __grid_constant__ CUtensorMap tm_a,
+                             const __grid_constant__ CUtensorMap tm_b) {
+  using C = SwapCfg<kTN>;
+  constexpr int kAcc = kTN / 2;
+  extern __shared__ uint8_t gg_smem_raw[];
+  uint8_t* smem = reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(gg_smem_raw) + 1023) &
+                                             ~uintptr_t(1023));
+  uint16_t* stage_out = reinterpret_cast<uint16_t*>(smem + C::kStages * C::kStageBytes);
+  uint64_t* full = reinterpret_cast<uint64_t*>(smem + C::kStages * C::kStageBytes + C::kEpiBytes);
+  uint64_t* empty = full + C::kStages;
+  int* pref = reinterpret_cast<int*>(empty + C::kStages);
+  __shared__ int s_dst[kTN];
+  __shared__ float s_w[kTN];
+
+  const int tid = threadIdx.x;
+  const int wg = tid / 128, wtid = tid % 128;
+  const int warp = wtid / 32, lane = tid % 32;
+  if (tid == 0) {
+    for (int i = 0; i < C::kStages; ++i) {
+      mbar_init(&full[i], 1);
+      mbar_init(&empty[i], 8);
+    }
+    fence_barrier_init();
+  }
+  int total_m = 0;
+  if (p.masked) {
+    if (tid < 32) {
+      int carry = 0;
+      if (tid == 0) pref[0] = 0;
+      for (int base = 0; base < p.E; base += 32) {
+        const int e = base + tid;
+        const int c = e < p.E ? min(max(p.counts[e], 0), p.max_m) : 0;
+        int incl = (c + kTN - 1) / kTN;
+#pragma unroll
+        for (int o = 1; o < 32; o <<= 1) {
+          const int n = __shfl_up_sync(0xffffffffu, incl, o);
+          if (tid >= o) incl += n;
+        }
+        if (e < p.E) pref[e + 1] = carry + incl;
+        carry += __shfl_sync(0xffffffffu, incl, 31);
+      }
+    }
+    __syncthreads();
+    total_m = pref[p.E];
+  } else {
+    __syncthreads();
+    total_m = *p.num_rows_ptr / kTN;
+  }
+  const int n_tiles_n = p.N / kGBN;
+  const int n_tiles = total_m * n_tiles_n;
+  const int num_kb = p.K / kGBK;
+
+  if (wg == 0) {
+    gg_setmaxnreg_dec<40>();
+    if (wtid == 0) {
+      tma_prefetch_desc(&tm_a);
+      tma_prefetch_desc(&tm_b);
+      int it = 0;
+      for (int t = blockIdx.x; t < n_tiles; t += gridDim.x) {
+        const GTile g = gg_tile<kTN>(p, pref, total_m, n_tiles_n, t);
+        const int brow = g.e * p.N + g.nt * kGBN;
+        for (int kb = 0; kb < num_kb; ++kb, ++it) {
+          const int s = it % C::kStages;
+          const uint32_t ph = (it / C::kStages) & 1;
+          mbar_wait(&empty[s], ph ^ 1);
+          uint8_t* dst = smem + s * C::kStageBytes;
+          mbar_arrive_expect_tx(&full[s], C::kStageBytes);
+          tma_load_2d(dst, &tm_b, &full[s], kb * kGBK, brow);
+          tma_load_2d(dst + C::kWStage, &tm_a, &full[s], kb * kGBK, g.row0);
+        }
+      }
+    }
+    return;
+  }
+
+  gg_setmaxnreg_inc<232>();
+  const int cw = wg - 1;
+  const int wr_lo = cw * 64 + warp * 16 + (lane >> 2), wr_hi = wr_lo + 8;  // weight rows
+  const int q = lane & 3;
+  int it = 0;
+  for (int t = blockIdx.x; t < n_tiles; t += gridDim.x) {
+    const GTile g = gg_tile<kTN>(p, pref, total_m, n_tiles_n, t);
+    const float* bs =
+        p.b_scale + int64_t(g.e) * p.b_scale_e_stride + int64_t(g.nt) * p.b_scale_n_stride;
+    // token scales of my columns t = 8 j + 2 q + c
+    const float* asp[kTN / 4];
+#pragma unroll
+    for (int j = 0; j < kTN / 8; ++j)
+#pragma unroll
+      for (int c = 0; c < 2; ++c) {
+        const int64_t row = int64_t(g.row0) + 8 * j + 2 * q + c;
+        asp[2 * j + c] = row < p.a_rows ? p.a_scale + row * p.a_scale_stride : nullptr;
+      }
+    float acc[kAcc], part[kAcc];
+#pragma unroll
+    for (int i = 0; i < kAcc; ++i) acc[i] = 0.0f;
+    float sa[kTN / 4], na[kTN / 4];
+#pragma unroll
+    for (int i = 0; i < kTN / 4; ++i) sa[i] = asp[i] ? __ldg(asp[i]) : 0.0f;
+    float sb = __ldg(bs);
+    for (int kb = 0; kb < num_kb; ++kb, ++it) {
+      const int s = it % C::kStages;
+      const uint32_t ph = (it / C::kStages) & 1;
+      mbar_wait(&full[s], ph);
+      const uint8_t* w_s = smem + s * C::kStageBytes + cw * (64 * kGBK);
+      const uint8_t* t_s = smem + s * C::kStageBytes + C::kWStage;
+      const uint64_t da = gg_desc(w_s), db = gg_desc(t_s);
+      gg_reg_fence(part);
+      gg_fence();
+#pragma unroll
+      for (int ks = 0; ks < 4; ++ks) gg_wgmma_tn<kTN>(part, da + 2 * ks, db + 2 * ks, ks > 0);
+      gg_commit();
+      float nb = 0.0f;
+#pragma unroll
+      for (int i = 0; i < kTN / 4; ++i) na[i] = 0.0f;
+      if (kb + 1 < num_kb) {
+#pragma unroll
+        for (int i = 0; i < kTN / 4; ++i) na[i] = asp[i] ? __ldg(asp[i] + kb + 1) : 0.0f;
+        nb = __ldg(bs + kb + 1);
+      }
+      gg_wait0();
+      gg_reg_fence(part);
+      if (lane == 0) mbar_arrive(&empty[s]);
+#pragma unroll
+      for (int j = 0; j < kTN / 8; ++j)
+#pragma unroll
+        for (int h = 0; h < 2; ++h)
+#pragma unroll
+          for (int c = 0; c < 2; ++c)
+            acc[4 * j + 2 * h + c] =
+                fmaf(part[4 * j + 2 * h + c], sa[2 * j + c] * sb, acc[4 * j + 2 * h + c]);
+#pragma unroll
+      for (int i = 0; i < kTN / 4; ++i) sa[i] = na[i];
+      sb = nb;
+    }
+
+    // ---- epilogue (both consumer warpgroups: 256 threads) ----
+    gg_bar(1, 256);  // the previous tile's readers of stage_out / s_dst are done
+    if (cw == 0 && wtid < kTN) {
+      const int r = wtid;
+      int dst = -1;
+      float w = 1.0f;
+      if (p.masked) {
+        if (r < g.rows) dst = g.row0 + r;
+      } else {
+        const int pos = g.row0 + r;
+        const int id = p.sorted_ids ? p.sorted_ids[pos] : pos;
+        if (!p.sorted_ids || id < p.num_valid) {
+          dst = p.out_scatter ? id : pos;
+          if (p.row_weight) w = p.row_weight[id];
+        }
+      }
+      s_dst[r] = dst;
+      s_w[r] = w;
+    }
+    gg_bar(1, 256);
+    const int n0 = g.nt * kGBN;
+    float bias_v[2] = {0.0f, 0.0f};
+    if (p.bias) {
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const int64_t bi = int64_t(g.e) * p.N + n0 + (h ? wr_hi : wr_lo);
+        bias_v[h] = p.bias_bf16 ? bf16_bits_to_float(static_cast<const uint16_t*>(p.bias)[bi])
+                                : static_cast<const float*>(p.bias)[bi];
+      }
+    }
+#pragma unroll
+    for (int j = 0; j < kTN / 8; ++j)
+#pragma unroll
+      for (int c = 0; c < 2; ++c) {
+        const int tok = 8 * j + 2 * q + c;
+        const float w = s_w[tok];
+#pragma unroll
+        for (int h = 0; h < 2; ++h)
+          stage_out[tok * kGEpiPitch + (h ? wr_hi : wr_lo)] =
+              float_to_bf16_bits((acc[4 * j + 2 * h + c] + bias_v[h]) * w);
+      }
+    gg_bar(1, 256);
+    const int tid2 = tid - 128;
+    for (int i = tid2; i < kTN * 16; i += 256) {
+      const int r = i >> 4, c = i & 15;
+      const int dst = s_dst[r];
+      if (dst < 0) continue;
+      *reinterpret_cast<uint4*>(p.out + int64_t(dst) * p.out_stride + n0 + c * 8) =
+          *reinterpret_cast<const uint4*>(stage_out + r * kGEpiPitch + c * 8);
+    }
+  }
+}
+
+// ids / meta of the masked layout (see launch_masked_rows).
+__global__ void __launch_bounds__(256)
+    masked_rows_kernel(const int32_t* __restrict__ counts, int E, int max_m,
+                       int32_t* __restrict__ ids, int32_t* __restrict__ meta) {
+  const int64_t n = int64_t(E) * max_m;
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n;
+       i += int64_t(gridDim.x) * blockDim.x) {
+    const int e = static_cast<int>(i / max_m), r = static_cast<int>(i % max_m);
+    const int c = min(max(counts[e], 0), max_m);
+    ids[i] = r < c ? static_cast<int32_t>(i) : static_cast<int32_t>(n);
+  }
+  if (blockIdx.x == 0 && threadIdx.x == 0) meta[0] = static_cast<int32_t>(n);
+}
+
+}  // namespace fp8moe::cuda

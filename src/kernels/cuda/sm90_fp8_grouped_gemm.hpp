@@ -1,0 +1,81 @@
+// The Hopper FP8 grouped GEMM of the DEEPGEMM contract (sm90_fp8_grouped_gemm.cuh), as the host
+// sees it: plain structs and the launcher. No CUDA device code here.
+//
+//   out[row, n] = bf16( (sum_kb a_scale[row, kb] * b_scale[e, n / 128, kb] * (A[row, kb] . B[e, n,
+//   kb]) + bias[e, n]) * row_weight )
+//
+// A: fp8 e4m3 rows (a_rows, K), row-major; B: fp8 e4m3 (E * N, K) (K-major weights); 1 x 128
+// activation scales (a_rows, K / 128) f32; 128 x 128 weight scales (E, N / 128, K / 128) f32.
+// Two layouts of A's rows:
+//   contiguous  rows of each expert form a chunk aligned to 128 rows (moe_align with bm = 128):
+//               expert_blk[mb] is the expert of rows [128 mb, 128 mb + 128), *num_rows_ptr the
+//               padded row count (on the device); padding rows have sorted_ids[row] >= num_valid
+//               and are neither computed into the output nor stored.
+//   masked      expert e owns rows [e * max_m, e * max_m + counts[e]) (counts on the device);
+//               rows past the count are not stored.
+// Everything stays on the device (no host synchronisation): graph-capturable.
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+
+namespace fp8moe::cuda {
+
+struct GroupedGemmParams {
+  int32_t masked = 0;
+  // Rows per m-block: 128 (two consumer warpgroups x 64 rows, tokens as wgmma's M operand) or
+  // 16 / 32 / 64 (swapped operands for few rows per expert: weights as M, tokens as N). The
+  // contiguous layout's expert chunks must be aligned to it.
+  int32_t tile_m = 128;
+  // 128-row kernel only: -1 = FP8MOE_GROUPED_MCAST (default off), 0 = no clusters, 1 = two-CTA
+  // clusters multicasting the A tile (when the n-block count is even).
+  int32_t mcast = -1;
+  int32_t N = 0, K = 0;  // multiples of 128
+  int64_t a_rows = 0;    // rows of A (and of a_scale)
+  // contiguous layout
+  const int32_t* expert_blk = nullptr;
+  const int32_t* num_rows_ptr = nullptr;
+  const int32_t* sorted_ids = nullptr;  // optional (all rows valid when null)
+  int32_t num_valid = 0;
+  // masked layout
+  const int32_t* counts = nullptr;
+  int32_t E = 0;
+  int32_t max_m = 0;
+  // scales, bias
+  const float* a_scale = nullptr;
+  int64_t a_scale_stride = 0;  // floats per A row (K / 128)
+  const float* b_scale = nullptr;
+  int64_t b_scale_e_stride = 0;  // floats per expert
+  int64_t b_scale_n_stride = 0;  // floats per 128-row block of N
+  const void* bias = nullptr;    // (E, N) f32 or bf16, optional
+  int32_t bias_bf16 = 0;
+  // output (bf16)
+  uint16_t* out = nullptr;
+  int64_t out_stride = 0;   // elements per output row
+  int32_t out_scatter = 0;  // contiguous only: output row = sorted_ids[row] instead of row
+  const float* row_weight = nullptr;  // contiguous only: times row_weight[sorted_ids[row]]
+};
+
+// Most experts the masked scheduler handles (its prefix table lives in shared memory).
+constexpr int kGroupedMaxExperts = 1024;
+
+// Launches the persistent kernel. `a` (a_rows, K) and `b` (b_rows, K) fp8; `max_m_blocks` a host
+// upper bound of the 128-row blocks (sizes the grid; tiles are counted on the device).
+void launch_grouped_gemm(const GroupedGemmParams& p, const uint8_t* a, const uint8_t* b,
+                         int64_t b_rows, int64_t max_m_blocks, cudaStream_t stream);
+
+// Masked layout helper: ids[p] = p for rows p = e * max_m + i with i < counts[e], else E * max_m
+// (the sentinel of RowSet), and meta[0] = E * max_m. Lets the shared quantisation and activation
+// kernels visit only the valid rows.
+void launch_masked_rows(const int32_t* counts, int E, int max_m, int32_t* ids, int32_t* meta,
+                        cudaStream_t stream);
+
+// The m-block of the swapped-operand kernel for `rows_per_expert` rows per expert on average
+// (16, 32, 64; 128 above 64 rows).
+int grouped_tile_m(double rows_per_expert);
+
+// Shared-memory bytes and threads of the kernel (for reports).
+int grouped_gemm_smem_bytes();
+
+}  // namespace fp8moe::cuda

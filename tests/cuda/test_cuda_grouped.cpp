@@ -1,0 +1,683 @@
+// The Hopper FP8 grouped GEMM (DEEPGEMM contract): "cuda_grouped" (contiguous, standard format) and
+// "cuda_grouped_masked" (batched format), and the grouped GEMM kernel on its own.
+//   * kernel, exact: A and B codes in {-2..2}, power-of-two scales, so every 128-deep partial sum
+//     stays below 2^10 and is exact even with Hopper's reduced-precision FP8 accumulation: the
+//     bf16 output must equal a float64 host GEMM bit for bit (contiguous with padding rows, scatter
+//     and row weights; masked with empty, partial and full experts; rows not stored stay poisoned).
+//   * layer, exact: the shared exact-mode generator with w2 thinned to one non-zero per 128-wide
+//     K block of each row (its GEMM2 partial sums would otherwise need more bits than the tensor
+//     core keeps): bitwise against the float64 reference. With the generator's dense w2: within a
+//     couple of bf16 ulps (the same bound as cuda_fused's wgmma path).
+//   * layer, statistical: vLLM's block-FP8 tolerance (atol = rtol = 0.035) on test_block_fp8.py's
+//     DeepGEMM shapes and models.md shapes; uneven and empty experts, EP expert maps, logits
+//     routing; graph capture; run-to-run determinism.
+// Every test skips cleanly without an sm_90 GPU.
+#include <cuda_runtime_api.h>
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "common/moe_testing.hpp"
+#include "fp8moe/error.hpp"
+#include "fp8moe/numerics.hpp"
+#include "fp8moe/platform.hpp"
+#include "kernels/cuda/fused_moe_cuda.hpp"
+#include "kernels/cuda/grouped_moe_cuda.hpp"
+#include "kernels/cuda/sm90_fp8_grouped_gemm.hpp"
+#include "kernels/registry.hpp"
+
+namespace fp8moe {
+namespace {
+
+using testing::MoeTestMode;
+using testing::MoeTestProblem;
+using testing::MoeTestSpec;
+using testing::RoutingPattern;
+
+#define SKIP_WITHOUT_SM90()                                                               \
+  do {                                                                                    \
+    cuda::install_hooks();                                                                \
+    if (!cuda::grouped_impl().available())                                                \
+      GTEST_SKIP() << "no sm_90 GPU with this binary's sm_90a kernels is available here"; \
+  } while (0)
+
+// ---- the kernel on its own
+// -----------------------------------------------------------------------
+
+struct HostGemm {
+  int E, N, K;
+  std::vector<uint8_t> b;      // (E*N, K) codes
+  std::vector<float> b_scale;  // (E, N/128, K/128)
+  std::vector<float> bias;     // (E, N) or empty
+};
+
+HostGemm make_weights(int E, int N, int K, bool bias, std::mt19937& rng) {
+  HostGemm g{E, N, K, {}, {}, {}};
+  std::uniform_int_distribution<int> v(-2, 2), ex(-2, 2), bi(-8, 8);
+  g.b.resize(size_t(E) * N * K);
+  for (auto& c : g.b) c = numerics::float_to_e4m3fn(static_cast<float>(v(rng)));
+  g.b_scale.resize(size_t(E) * (N / 128) * (K / 128));
+  for (auto& s : g.b_scale) s = std::ldexp(1.0f, ex(rng));
+  if (bias) {
+    g.bias.resize(size_t(E) * N);
+    for (auto& x : g.bias) x = static_cast<float>(bi(rng)) * 0.25f;
+  }
+  return g;
+}
+
+// out[row, n] in float64, then rounded (double -> float -> bf16, exact here)
+uint16_t host_value(const HostGemm& g, const std::vector<uint8_t>& a,
+                    const std::vector<float>& a_scale, int64_t row, int e, int n, float w) {
+  const int nkb = g.K / 128;
+  double acc = 0.0;
+  for (int kb = 0; kb < nkb; ++kb) {
+    double part = 0.0;
+    for (int k = kb * 128; k < kb * 128 + 128; ++k)
+      part += double(numerics::e4m3fn_to_float(a[row * g.K + k])) *
+              numerics::e4m3fn_to_float(g.b[(int64_t(e) * g.N + n) * g.K + k]);
+    acc +=
+        part * a_scale[row * nkb + kb] * g.b_scale[(int64_t(e) * (g.N / 128) + n / 128) * nkb + kb];
+  }
+  if (!g.bias.empty()) acc += g.bias[int64_t(e) * g.N + n];
+  return numerics::float_to_bf16(static_cast<float>(acc * w));
+}
+
+template <class T>
+Tensor to_device(const std::vector<T>& v, DType dt) {
+  Tensor h = Tensor::empty({static_cast<int64_t>(v.size())}, dt);
+  std::memcpy(h.data(), v.data(), v.size() * sizeof(T));
+  return h.to(Device::cuda());
+}
+
+struct GemmRun {
+  std::vector<uint16_t> out;
+  bool canaries = true;
+};
+
+GemmRun run_gemm(cuda::GroupedGemmParams p, const HostGemm& g, const std::vector<uint8_t>& a,
+                 const std::vector<float>& a_scale, int64_t out_rows, int64_t max_mblk,
+                 const Tensor* extra_keep = nullptr) {
+  (void)extra_keep;
+  const Tensor da = to_device(a, DType::kU8), das = to_device(a_scale, DType::kF32);
+  const Tensor db = to_device(g.b, DType::kU8), dbs = to_device(g.b_scale, DType::kF32);
+  Tensor dbias;
+  if (!g.bias.empty()) dbias = to_device(g.bias, DType::kF32);
+  testing::GuardedTensor out({out_rows, p.out_stride}, DType::kBF16, Device::cuda());
+  testing::poison(out.view());
+  p.K = g.K;
+  p.N = g.N;
+  p.a_scale = static_cast<const float*>(das.data());
+  p.a_scale_stride = g.K / 128;
+  p.b_scale = static_cast<const float*>(dbs.data());
+  p.b_scale_e_stride = (g.N / 128) * (g.K / 128);
+  p.b_scale_n_stride = g.K / 128;
+  p.bias = dbias.defined() ? dbias.data() : nullptr;
+  p.out = static_cast<uint16_t*>(out.view().data);
+  cuda::launch_grouped_gemm(p, static_cast<const uint8_t*>(da.data()),
+                            static_cast<const uint8_t*>(db.data()), int64_t(g.E) * g.N, max_mblk,
+                            nullptr);
+  EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  GemmRun r;
+  r.canaries = out.canaries_intact();
+  r.out.resize(size_t(out_rows) * p.out_stride);
+  device_allocator().copy(r.out.data(), out.view().data, r.out.size() * 2, 1);
+  return r;
+}
+
+std::vector<uint8_t> random_a(int64_t rows, int K, std::mt19937& rng) {
+  std::uniform_int_distribution<int> v(-2, 2);
+  std::vector<uint8_t> a(size_t(rows) * K);
+  for (auto& c : a) c = numerics::float_to_e4m3fn(static_cast<float>(v(rng)));
+  return a;
+}
+std::vector<float> random_scales(int64_t rows, int K, std::mt19937& rng) {
+  std::uniform_int_distribution<int> ex(-3, 1);
+  std::vector<float> s(size_t(rows) * (K / 128));
+  for (auto& x : s) x = std::ldexp(1.0f, ex(rng));
+  return s;
+}
+
+constexpr uint16_t kPoisonBf16 = 0x7FC0;
+
+// Contiguous: per-expert chunks aligned to 128 rows, padding rows marked by the sentinel;
+// GEMM1-style (output row = position) and GEMM2-style (scatter to a permuted row, row weight).
+class CudaGroupedGemm : public ::testing::TestWithParam<int> {};
+
+TEST_P(CudaGroupedGemm, ContiguousExactBitwise) {
+  SKIP_WITHOUT_SM90();
+  const int tm = GetParam();
+  std::mt19937 rng(1234 + tm);
+  // N = 512: four n-blocks, run as two-CTA clusters (multicast A) by the 128-row kernel
+  const int E = 5, N = 512, K = 384;
+  const int counts[E] = {130, 0, 1, 256, 77};
+  for (bool scatter : {false, true}) {
+    SCOPED_TRACE(scatter ? "scatter + row weight" : "in place");
+    const HostGemm g = make_weights(E, N, K, scatter, rng);
+    std::vector<int32_t> sorted, blk;
+    int num_valid = 0;
+    for (int e = 0; e < E; ++e) num_valid += counts[e];
+    // a random permutation of the valid ids over the sorted positions
+    std::vector<int32_t> perm(num_valid);
+    for (int i = 0; i < num_valid; ++i) perm[i] = i;
+    std::shuffle(perm.begin(), perm.end(), rng);
+    int next = 0;
+    std::vector<int> row_expert;
+    for (int e = 0; e < E; ++e) {
+      const int padded = (counts[e] + tm - 1) / tm * tm;
+      for (int b = 0; b < padded / tm; ++b) blk.push_back(e);
+      for (int r = 0; r < padded; ++r) {
+        sorted.push_back(r < counts[e] ? perm[next++] : num_valid);
+        row_expert.push_back(e);
+      }
+    }
+    const int64_t rows = static_cast<int64_t>(sorted.size());
+    const int64_t capacity = rows + 256;  // the layout's capacity exceeds the used rows
+    sorted.resize(capacity, num_valid);
+    blk.resize(capacity / tm, -1);
+    const std::vector<uint8_t> a = random_a(capacity, K, rng);
+    const std::vector<float> as = random_scales(capacity, K, rng);
+    std::vector<float> rw(num_valid);
+    for (auto& w : rw) w = (rng() % 3 == 0) ? 0.5f : (rng() % 2 ? 1.0f : 0.25f);
+    const Tensor dsorted = to_device(sorted, DType::kI32), dblk = to_device(blk, DType::kI32);
+    const Tensor dmeta =
+        to_device(std::vector<int32_t>{static_cast<int32_t>(rows), 0, 0, 0}, DType::kI32);
+    const Tensor drw = to_device(rw, DType::kF32);
+    cuda::GroupedGemmParams p;
+    p.tile_m = tm;
+    p.mcast = 1;  // four n-blocks: two-CTA clusters (128-row kernel)
+    p.a_rows = capacity;
+    p.expert_blk = static_cast<const int32_t*>(dblk.data());
+    p.num_rows_ptr = static_cast<const int32_t*>(dmeta.data());
+    p.sorted_ids = static_cast<const int32_t*>(dsorted.data());
+    p.num_valid = num_valid;
+    p.out_stride = N;
+    p.out_scatter = scatter;
+    p.row_weight = scatter ? static_cast<const float*>(drw.data()) : nullptr;
+    const int64_t out_rows = scatter ? num_valid : capacity;
+    const GemmRun r = run_gemm(p, g, a, as, out_rows, capacity / tm);
+    EXPECT_TRUE(r.canaries);
+    int64_t bad = 0, stray = 0;
+    std::vector<char> written(out_rows, 0);
+    for (int64_t pos = 0; pos < rows; ++pos) {
+      const int id = sorted[pos];
+      if (id >= num_valid) continue;
+      const int64_t orow = scatter ? id : pos;
+      written[orow] = 1;
+      for (int n = 0; n < N; ++n) {
+        const uint16_t want =
+            host_value(g, a, as, pos, row_expert[pos], n, scatter ? rw[id] : 1.0f);
+        if (r.out[orow * N + n] != want && bad++ < 5)
+          ADD_FAILURE() << "pos " << pos << " n " << n << ": got 0x" << std::hex
+                        << r.out[orow * N + n] << " want 0x" << want;
+      }
+    }
+    for (int64_t orow = 0; orow < out_rows; ++orow)
+      if (!written[orow])
+        for (int n = 0; n < N; ++n) stray += r.out[orow * N + n] != kPoisonBf16;
+    EXPECT_EQ(bad, 0);
+    EXPECT_EQ(stray, 0) << "rows that are padding were written";
+  }
+}
+
+// Masked: expert e owns rows [e * max_m, e * max_m + count[e]); max_m not a multiple of 128.
+TEST_P(CudaGroupedGemm, MaskedExactBitwise) {
+  SKIP_WITHOUT_SM90();
+  const int tm = GetParam();
+  std::mt19937 rng(99 + tm);
+  // N = 384: three n-blocks (no clusters possible)
+  const int E = 6, N = 384, K = 512, max_m = 200;
+  const std::vector<int32_t> counts = {0, 200, 1, 129, 128, 57};
+  const HostGemm g = make_weights(E, N, K, true, rng);
+  const int64_t rows = int64_t(E) * max_m;
+  const std::vector<uint8_t> a = random_a(rows, K, rng);
+  const std::vector<float> as = random_scales(rows, K, rng);
+  const Tensor dcounts = to_device(counts, DType::kI32);
+  cuda::GroupedGemmParams p;
+  p.tile_m = tm;
+  p.masked = 1;
+  p.a_rows = rows;
+  p.counts = static_cast<const int32_t*>(dcounts.data());
+  p.E = E;
+  p.max_m = max_m;
+  p.out_stride = N;
+  const GemmRun r = run_gemm(p, g, a, as, rows, int64_t(E) * ((max_m + tm - 1) / tm));
+  EXPECT_TRUE(r.canaries);
+  int64_t bad = 0, stray = 0;
+  for (int e = 0; e < E; ++e)
+    for (int i = 0; i < max_m; ++i) {
+      const int64_t row = int64_t(e) * max_m + i;
+      for (int n = 0; n < N; ++n) {
+        if (i < counts[e]) {
+          const uint16_t want = host_value(g, a, as, row, e, n, 1.0f);
+          if (r.out[row * N + n] != want && bad++ < 5)
+            ADD_FAILURE() << "e " << e << " row " << i << " n " << n << ": got 0x" << std::hex
+                          << r.out[row * N + n] << " want 0x" << want;
+        } else {
+          stray += r.out[row * N + n] != kPoisonBf16;
+        }
+      }
+    }
+  EXPECT_EQ(bad, 0);
+  EXPECT_EQ(stray, 0) << "rows past the counts were written";
+}
+
+INSTANTIATE_TEST_SUITE_P(TileM, CudaGroupedGemm, ::testing::Values(128, 16, 32, 64),
+                         [](const auto& info) { return "tile_m" + std::to_string(info.param); });
+
+// ---- the layer --------------------------------------------------------------------------------
+
+struct RunResult {
+  Tensor out_host;
+  bool canaries_ok = true;
+  bool all_written = true;
+  std::string write_message;
+};
+
+RunResult run_on_device(const ExpertsImpl& impl, const MoeTestProblem& host_problem) {
+  MoeTestProblem d = host_problem.to(Device::cuda());
+  std::vector<int64_t> out_shape = d.out.sizes();
+  testing::GuardedTensor out(out_shape, d.out.dtype(), Device::cuda());
+  testing::poison(out.view());
+  FusedMoeArgs args = d.args();
+  args.out = out.view();
+  const std::size_t ws_bytes = impl.workspace_size(args);
+  testing::GuardedTensor ws({static_cast<int64_t>(std::max<std::size_t>(ws_bytes, 1))}, DType::kU8,
+                            Device::cuda());
+  testing::poison(ws.view());
+  impl.run(args, ws_bytes ? ws.view().data : nullptr);
+  EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  RunResult r;
+  r.canaries_ok = out.canaries_intact() && ws.canaries_intact();
+  const auto wc = testing::expect_all_written(out.view());
+  r.all_written = wc.ok;
+  r.write_message = wc.message;
+  Tensor host = Tensor::empty(std::span<const int64_t>(out_shape), out.view().dtype);
+  if (host.nbytes() > 0) device_allocator().copy(host.data(), out.view().data, host.nbytes(), 1);
+  r.out_host = host;
+  return r;
+}
+
+MoeTestSpec spec_of(MoeTestMode mode, int64_t M, int64_t E, int64_t H, int64_t I, int topk,
+                    uint64_t seed = 0) {
+  MoeTestSpec s;
+  s.M = M;
+  s.E = E;
+  s.H = H;
+  s.I = I;
+  s.topk = topk;
+  s.mode = mode;
+  s.seed = seed;
+  return s;
+}
+
+// Keeps the first non-zero code of every 128-wide K block of every w2 row (see the file comment).
+void thin_w2(MoeTestProblem& p) {
+  uint8_t* w = p.w2.ptr<uint8_t>();
+  const int64_t rows = p.w2.size(0) * p.w2.size(1), K = p.w2.size(2);
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t kb = 0; kb < K; kb += 128) {
+      bool seen = false;
+      for (int64_t k = kb; k < std::min(K, kb + 128); ++k) {
+        uint8_t& c = w[r * K + k];
+        if ((c & 0x7F) == 0) continue;
+        if (seen) c = 0;
+        seen = true;
+      }
+    }
+}
+
+struct ExactCase {
+  std::string name;
+  MoeTestSpec spec;
+};
+
+std::vector<ExactCase> exact_cases() {
+  std::vector<ExactCase> v;
+  auto add = [&](std::string n, MoeTestSpec s) { v.push_back({std::move(n), s}); };
+  for (int64_t M : {1, 33, 200})
+    add("M" + std::to_string(M), spec_of(MoeTestMode::kExact, M, 8, 256, 256, 2));
+  {
+    auto s = spec_of(MoeTestMode::kExact, 150, 16, 384, 640, 4);
+    s.routing = RoutingPattern::kSomeExpertsEmpty;
+    add("some_experts_empty", s);
+  }
+  {
+    auto s = spec_of(MoeTestMode::kExact, 90, 8, 256, 384, 2);
+    s.routing = RoutingPattern::kOneHotExpert;
+    add("one_hot_expert", s);
+  }
+  {
+    auto s = spec_of(MoeTestMode::kExact, 64, 16, 256, 256, 4);
+    s.ep_size = 4;
+    s.ep_rank = 1;
+    add("ep4_rank1", s);
+  }
+  {
+    auto s = spec_of(MoeTestMode::kExact, 40, 8, 256, 256, 2);
+    s.padded_slots = 9;
+    add("padded_slots", s);
+  }
+  {
+    auto s = spec_of(MoeTestMode::kExact, 30, 8, 256, 256, 2);
+    s.bias = true;
+    add("bias", s);
+  }
+  {
+    auto s = spec_of(MoeTestMode::kExact, 20, 8, 256, 256, 1);
+    s.apply_router_weight_on_input = true;
+    add("router_weight_on_input", s);
+  }
+  {
+    auto s = spec_of(MoeTestMode::kExact, 50, 8, 256, 256, 2);
+    s.scheme.ue8m0_scales = true;
+    add("ue8m0", s);
+  }
+  {
+    auto s = spec_of(MoeTestMode::kExact, 50, 8, 256, 256, 2);
+    s.act.activation = MoeActivation::kSwigluOaiUninterleave;
+    s.act.clamp_limit = 7.0;
+    s.act.alpha = 1.702;
+    s.act.beta = 1.0;
+    add("swigluoai_uninterleave", s);
+  }
+  return v;
+}
+
+class CudaGroupedExact : public ::testing::TestWithParam<ExactCase> {};
+
+TEST_P(CudaGroupedExact, ThinnedW2BitwiseDenseW2WithinUlps) {
+  SKIP_WITHOUT_SM90();
+  const ExactCase& c = GetParam();
+  MoeTestProblem p;
+  try {
+    p = testing::make_problem(c.spec);
+  } catch (const NotImplementedError& e) {
+    FAIL() << "exact mode cannot build this case: " << e.what();
+  }
+  {
+    const Tensor expected = testing::reference_output(p);
+    const RunResult r = run_on_device(cuda::grouped_impl(), p);
+    EXPECT_TRUE(r.canaries_ok);
+    EXPECT_TRUE(r.all_written) << r.write_message;
+    double emax = 0;
+    for (int64_t i = 0; i < expected.numel(); ++i)
+      emax = std::max(emax, std::fabs(testing::element_as_double(expected.view(), i)));
+    const auto cmp = testing::compare_close(r.out_host, expected, emax * 0x1p-6, 0x1p-7);
+    EXPECT_TRUE(cmp.ok) << "dense w2: " << cmp.str();
+  }
+  thin_w2(p);
+  const Tensor expected = testing::reference_output(p);
+  const RunResult r = run_on_device(cuda::grouped_impl(), p);
+  EXPECT_TRUE(r.canaries_ok);
+  EXPECT_TRUE(r.all_written) << r.write_message;
+  const auto cmp = testing::compare_bitwise(r.out_host, expected);
+  EXPECT_TRUE(cmp.ok) << "thinned w2: " << cmp.str();
+}
+
+INSTANTIATE_TEST_SUITE_P(Cases, CudaGroupedExact, ::testing::ValuesIn(exact_cases()),
+                         [](const auto& info) { return info.param.name; });
+
+// The masked format: a top-1 problem whose rows r belong to expert r / T, seen as (E, T, H) slabs
+// with counts; checked against the reference's own batched format.
+void masked_case(MoeTestMode mode, int64_t E, int64_t T, int64_t H, int64_t I,
+                 const std::vector<int32_t>& counts, uint64_t seed) {
+  MoeTestSpec s = spec_of(mode, E * T, E, H, I, 1, seed);
+  MoeTestProblem p = testing::make_problem(s);
+  if (mode == MoeTestMode::kExact) thin_w2(p);
+  Tensor cnt = Tensor::empty({E}, DType::kI32);
+  for (int64_t e = 0; e < E; ++e) cnt.ptr<int32_t>()[e] = counts[e];
+  // reference in the batched format (host)
+  FusedMoeArgs ha = p.args();
+  ha.x = TensorView(p.x.data(), p.x.dtype(), {E, T, H});
+  Tensor ref_out = Tensor::empty({E, T, H}, p.x.dtype());
+  testing::poison(ref_out.view());
+  ha.out = ref_out.view();
+  ha.topk_ids = {};
+  ha.topk_weights = {};
+  ha.router_logits = {};
+  ha.expert_map = {};
+  ha.expert_num_tokens = cnt.view();
+  find_experts_impl("ref")->run(ha, nullptr);
+  // device
+  MoeTestProblem d = p.to(Device::cuda());
+  const Tensor dcnt = cnt.to(Device::cuda());
+  FusedMoeArgs da = d.args();
+  da.x = TensorView(d.x.data(), d.x.dtype(), {E, T, H}, Device::cuda());
+  testing::GuardedTensor out({E, T, H}, d.x.dtype(), Device::cuda());
+  testing::poison(out.view());
+  da.out = out.view();
+  da.topk_ids = {};
+  da.topk_weights = {};
+  da.router_logits = {};
+  da.expert_map = {};
+  da.expert_num_tokens = dcnt.view();
+  const ExpertsImpl& impl = cuda::grouped_masked_impl();
+  const std::size_t bytes = impl.workspace_size(da);
+  testing::GuardedTensor ws({static_cast<int64_t>(std::max<std::size_t>(bytes, 1))}, DType::kU8,
+                            Device::cuda());
+  testing::poison(ws.view());
+  impl.run(da, ws.view().data);
+  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  EXPECT_TRUE(out.canaries_intact() && ws.canaries_intact());
+  Tensor host = Tensor::empty({E, T, H}, d.x.dtype());
+  device_allocator().copy(host.data(), out.view().data, host.nbytes(), 1);
+  int64_t bad = 0, untouched_bad = 0;
+  double worst = 0;
+  for (int64_t e = 0; e < E; ++e)
+    for (int64_t t = 0; t < T; ++t)
+      for (int64_t h = 0; h < H; ++h) {
+        const int64_t i = (e * T + t) * H + h;
+        const double a = testing::element_as_double(host.view(), i);
+        if (t < counts[e]) {
+          const double x = testing::element_as_double(ref_out.view(), i);
+          if (mode == MoeTestMode::kExact) {
+            if (!(a == x)) ++bad;
+          } else {
+            const double err = std::fabs(a - x);
+            worst = std::max(worst, err);
+            if (!(err <= 0.035 + 0.035 * std::fabs(x))) ++bad;
+          }
+        } else if (!std::isnan(a)) {
+          ++untouched_bad;
+        }
+      }
+  EXPECT_EQ(bad, 0) << "worst abs err " << worst;
+  EXPECT_EQ(untouched_bad, 0) << "rows past the counts were written";
+}
+
+TEST(CudaGroupedMasked, ExactBitwiseWithEmptyPartialAndFullExperts) {
+  SKIP_WITHOUT_SM90();
+  masked_case(MoeTestMode::kExact, 5, 150, 256, 256, {150, 0, 7, 129, 64}, 3);
+}
+
+// max_m <= 64: the swapped-operand kernel (tokens as wgmma's N operand)
+TEST(CudaGroupedMasked, ExactBitwiseSmallSlabs) {
+  SKIP_WITHOUT_SM90();
+  masked_case(MoeTestMode::kExact, 6, 40, 256, 384, {40, 0, 3, 17, 33, 1}, 4);
+}
+
+TEST(CudaGroupedMasked, StatisticalDeepSeekLikeShape) {
+  SKIP_WITHOUT_SM90();
+  masked_case(MoeTestMode::kStatistical, 4, 96, 1024, 512, {96, 17, 0, 64}, 8);
+}
+
+struct StatCase {
+  std::string name;
+  MoeTestSpec spec;
+};
+
+std::vector<StatCase> stat_cases() {
+  std::vector<StatCase> v;
+  // tests/kernels/moe/test_block_fp8.py (M, N, K) shapes that the DeepGEMM test runs (N, K >= 128
+  // multiples; the shape rule sends N <= 512 to Triton in vLLM, the kernel itself takes them).
+  struct MNK {
+    int64_t M, N, K;
+  };
+  const MNK mnk[] = {{83, 512, 512},    {128, 1024, 7168}, {128, 4608, 512},
+                     {256, 1024, 2048}, {512, 640, 1024},  {2048, 1024, 1024}};
+  for (const MNK& s : mnk) {
+    StatCase c;
+    const int64_t E = s.N * s.K > 4000000 ? 4 : 8;
+    c.name =
+        "vllm_M" + std::to_string(s.M) + "_N" + std::to_string(s.N) + "_K" + std::to_string(s.K);
+    c.spec = spec_of(MoeTestMode::kStatistical, s.M, E, s.K, s.N, 2, 21);
+    c.spec.routing = RoutingPattern::kLogits;
+    c.spec.routing_config.method = RoutingMethodType::kDefault;
+    v.push_back(c);
+  }
+  {  // DeepSeek-V3 routing (grouped top-k with bias), TP8-like I
+    StatCase c;
+    c.name = "deepseek_tp8_like";
+    c.spec = spec_of(MoeTestMode::kStatistical, 64, 64, 1024, 256, 8, 7);
+    c.spec.routing = RoutingPattern::kLogits;
+    c.spec.routing_config.method = RoutingMethodType::kDeepSeekV3;
+    c.spec.routing_config.scoring_func = "sigmoid";
+    c.spec.routing_config.num_expert_group = 8;
+    c.spec.routing_config.topk_group = 4;
+    c.spec.routing_config.routed_scaling_factor = 2.5;
+    v.push_back(c);
+  }
+  {
+    StatCase c;
+    c.name = "uneven_experts_ep2";
+    c.spec = spec_of(MoeTestMode::kStatistical, 300, 16, 512, 384, 4, 5);
+    c.spec.routing = RoutingPattern::kSomeExpertsEmpty;
+    c.spec.ep_size = 2;
+    c.spec.ep_rank = 1;
+    v.push_back(c);
+  }
+  return v;
+}
+
+class CudaGroupedStatistical : public ::testing::TestWithParam<StatCase> {};
+
+TEST_P(CudaGroupedStatistical, WithinVllmTolerance) {
+  SKIP_WITHOUT_SM90();
+  const StatCase& c = GetParam();
+  const MoeTestProblem p = testing::make_problem(c.spec);
+  const Tensor expected = testing::reference_output(p);
+  const RunResult r = run_on_device(cuda::grouped_impl(), p);
+  EXPECT_TRUE(r.canaries_ok);
+  EXPECT_TRUE(r.all_written) << r.write_message;
+  const auto cmp = testing::compare_close(r.out_host, expected, 0.035, 0.035);
+  EXPECT_TRUE(cmp.ok) << cmp.str();
+}
+
+INSTANTIATE_TEST_SUITE_P(Cases, CudaGroupedStatistical, ::testing::ValuesIn(stat_cases()),
+                         [](const auto& info) { return info.param.name; });
+
+TEST(CudaGrouped, GraphCaptureAndDeterminism) {
+  SKIP_WITHOUT_SM90();
+  MoeTestSpec s = spec_of(MoeTestMode::kStatistical, 300, 16, 1024, 512, 4, 11);
+  s.routing = RoutingPattern::kLogits;
+  s.routing_config.method = RoutingMethodType::kRenormalize;
+  const MoeTestProblem p = testing::make_problem(s);
+  MoeTestProblem d = p.to(Device::cuda());
+  const ExpertsImpl& impl = cuda::grouped_impl();
+  FusedMoeArgs args = d.args();
+  cudaStream_t st;
+  ASSERT_EQ(cudaStreamCreate(&st), cudaSuccess);
+  args.stream = st;
+  const std::size_t bytes = impl.workspace_size(args);
+  Tensor ws = Tensor::empty({static_cast<int64_t>(bytes)}, DType::kU8, Device::cuda());
+  impl.run(args, ws.data());
+  ASSERT_EQ(cudaStreamSynchronize(st), cudaSuccess);
+  const Tensor direct = d.out.to(Device::cpu());
+  testing::poison(d.out.view());
+  impl.run(args, ws.data());
+  ASSERT_EQ(cudaStreamSynchronize(st), cudaSuccess);
+  EXPECT_TRUE(testing::compare_bitwise(d.out.to(Device::cpu()), direct).ok) << "run to run";
+  cudaGraph_t graph;
+  ASSERT_EQ(cudaStreamBeginCapture(st, cudaStreamCaptureModeThreadLocal), cudaSuccess);
+  impl.run(args, ws.data());
+  ASSERT_EQ(cudaStreamEndCapture(st, &graph), cudaSuccess);
+  cudaGraphExec_t exec;
+  ASSERT_EQ(cudaGraphInstantiate(&exec, graph, 0), cudaSuccess);
+  for (int rep = 0; rep < 2; ++rep) {
+    testing::poison(d.out.view());
+    ASSERT_EQ(cudaGraphLaunch(exec, st), cudaSuccess);
+    ASSERT_EQ(cudaStreamSynchronize(st), cudaSuccess);
+    const auto cmp = testing::compare_bitwise(d.out.to(Device::cpu()), direct);
+    EXPECT_TRUE(cmp.ok) << "replay " << rep << ": " << cmp.str();
+  }
+  cudaGraphExecDestroy(exec);
+  cudaGraphDestroy(graph);
+  cudaStreamDestroy(st);
+}
+
+TEST(CudaGrouped, ZeroTokensAndAllExpertsRemote) {
+  SKIP_WITHOUT_SM90();
+  {
+    const MoeTestProblem p = testing::make_problem(spec_of(MoeTestMode::kExact, 0, 8, 256, 256, 2));
+    const RunResult r = run_on_device(cuda::grouped_impl(), p);
+    EXPECT_EQ(r.out_host.numel(), 0);
+    EXPECT_TRUE(r.canaries_ok);
+  }
+  MoeTestSpec s = spec_of(MoeTestMode::kExact, 9, 8, 256, 256, 2);
+  s.ep_size = 2;
+  MoeTestProblem p = testing::make_problem(s);
+  for (int64_t i = 0; i < p.topk_ids.numel(); ++i)
+    p.topk_ids.ptr<int32_t>()[i] = 4 + static_cast<int32_t>(i % 4);
+  const RunResult r = run_on_device(cuda::grouped_impl(), p);
+  EXPECT_TRUE(r.all_written) << r.write_message;
+  for (int64_t i = 0; i < r.out_host.numel(); ++i)
+    ASSERT_EQ(testing::element_as_double(r.out_host.view(), i), 0.0);
+}
+
+// ---- selection, limits, platform (run anywhere) -------------------------------------------------
+
+TEST(CudaGroupedSelection, RegistryLimitsAndShapeRule) {
+  cuda::install_hooks();
+  ASSERT_NE(find_experts_impl("cuda_grouped"), nullptr);
+  ASSERT_NE(find_experts_impl("cuda_grouped_masked"), nullptr);
+  // the feature is installed exactly where the kernels run (sm_90 with this binary's code)
+  const bool runs = cuda::device_capability() == 90 && cuda::kernels_available();
+  EXPECT_EQ(experts_impl_available("cuda_grouped"), runs);
+  EXPECT_EQ(Platform::detect().has(Feature::kDeepGemm), runs);
+  // vLLM _valid_deep_gemm: align <= M, N % 128 == 0, K % 128 == 0, N > 512
+  EXPECT_TRUE(cuda::deep_gemm_shape_ok(128, 640, 7168));
+  EXPECT_FALSE(cuda::deep_gemm_shape_ok(127, 1024, 7168));   // M below the alignment
+  EXPECT_FALSE(cuda::deep_gemm_shape_ok(4096, 512, 7168));   // N <= 512
+  EXPECT_FALSE(cuda::deep_gemm_shape_ok(4096, 1000, 7168));  // N unaligned
+  EXPECT_FALSE(cuda::deep_gemm_shape_ok(4096, 1024, 7000));  // K unaligned
+  // supports_config: B128 FP8 only
+  const ExpertsImpl& g = cuda::grouped_impl();
+  MoeConfig cfg;
+  cfg.num_experts = 8;
+  QuantKey wk, ak;
+  wk.dtype = KeyDType::kF8E4M3FN;
+  wk.scale.dtype = KeyDType::kF32;
+  wk.scale.group_shape = GroupShape(128, 128);
+  ak.dtype = KeyDType::kF8E4M3FN;
+  ak.scale.dtype = KeyDType::kF32;
+  ak.scale.group_shape = GroupShape(1, 128);
+  EXPECT_TRUE(g.supports_config(cfg, wk, ak).ok);
+  QuantKey pt = wk;
+  pt.scale.group_shape = kPerTensor;
+  EXPECT_FALSE(g.supports_config(cfg, pt, ak).ok);
+  EXPECT_FALSE(g.supports_config(cfg, std::nullopt, std::nullopt).ok);
+}
+
+TEST(CudaGrouped, LimitsAreClearErrors) {
+  SKIP_WITHOUT_SM90();
+  MoeTestSpec s = spec_of(MoeTestMode::kStatistical, 4, 4, 256, 256, 2);
+  s.scheme.weight = WeightScaleKind::kPerTensor;
+  s.scheme.act = ActQuantKind::kPerTokenDynamic;
+  const MoeTestProblem p = testing::make_problem(s);
+  MoeTestProblem d = p.to(Device::cuda());
+  EXPECT_NE(cuda::grouped_limit(d.args()), "");
+  EXPECT_THROW(cuda::grouped_impl().workspace_size(d.args()), NotImplementedError);
+  MoeTestSpec s2 = spec_of(MoeTestMode::kStatistical, 4, 4, 256, 192, 2);
+  s2.scheme.block_n = 64;
+  s2.scheme.block_k = 64;
+  s2.scheme.group_k = 64;
+  MoeTestProblem d2 = testing::make_problem(s2).to(Device::cuda());
+  EXPECT_NE(cuda::grouped_limit(d2.args()), "");
+}
+
+}  // namespace
+}  // namespace fp8moe
