@@ -1,7 +1,8 @@
 // fp8moe {plan, make-example, inspect, shard}: checkpoints on the command line.
 //
 //   plan MODEL        will this checkpoint run with this layout, with which kernel, how much memory
-//                     per GPU? From config.json and the safetensors headers only. Exit status 0
+//                     per GPU, how fast at best (the roofline floor on a spec-sheet card)? From
+//                     config.json and the safetensors headers only. Exit status 0
 //                     when every MoE layer works, 1 when one does not (the plan says why), 2 on
 //                     errors.
 //   make-example DIR  the small example checkpoint (Qwen3-MoE-shaped, real formats).
@@ -220,6 +221,13 @@ std::string thousands(double v) {
   return out;
 }
 
+// 0.1 us resolution (as spec/models.md's table) from 10 us up, 3 digits below.
+std::string us_text(double us) {
+  if (us >= 10) return fmt::format("{:.1f}", us);
+  if (us >= 0.1) return fmt::format("{:.2f}", us);
+  return fmt::format("{:.3g}", us);
+}
+
 std::string human_us(double s) {
   if (s >= 1e-3) return fmt::format("{:.2f} ms", s * 1e3);
   return fmt::format("{:.4g} us", s * 1e6);
@@ -265,8 +273,8 @@ void print_roofline_human(const ModelPlan& p, const ShapePlan& s) {
     double step = 0;
     const bool complete = p.moe_step_s(i, step);
     std::cout << fmt::format(
-        "    {:>7}  {:>8.1f}  {:>10.4g}  {:>11.4g}  {:>9.4g}  {:<7}  {:>12}  {:>12}\n", q.tokens,
-        q.experts_touched, q.bytes / 1e6, q.flops / 1e9, q.floor_s * 1e6,
+        "    {:>7}  {:>8.1f}  {:>10.4g}  {:>11.4g}  {:>9}  {:<7}  {:>12}  {:>12}\n", q.tokens,
+        q.experts_touched, q.bytes / 1e6, q.flops / 1e9, us_text(q.floor_s * 1e6),
         q.compute_bound ? "compute" : "memory", human_us(q.floor_s * R.num_layers),
         complete && step > 0 ? thousands(static_cast<double>(q.moe_tokens) / step) : "-");
   }
@@ -787,8 +795,8 @@ void add_checkpoint_commands(CLI::App& app) {
     auto c = std::make_shared<PlanCommand>();
     CLI::App* sub = app.add_subcommand(
         "plan",
-        "Will this checkpoint run with this layout, with which kernel, how much memory per GPU? "
-        "(config.json + safetensors headers; no weight is read)");
+        "Will this checkpoint run with this layout, with which kernel, how much memory per GPU, "
+        "how fast at best (roofline)? (config.json + safetensors headers; no weight is read)");
     add_deploy_options(sub, c->o);
     sub->add_option("--sweep-tp", c->sweep, "plan each TP size of a comma list (e.g. 1,2,4,8,16)");
     sub->add_option("--card", c->card,
