@@ -6,6 +6,7 @@
 #include <optional>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include "fp8moe/dtype.hpp"
 
@@ -106,6 +107,9 @@ struct MoeParallelConfig {
                                 int dp_rank = 0);
   static MoeParallelConfig make_no_parallel() { return {}; }
 };
+
+// The all2all_backend names vLLM's parallel config accepts (the predicates above test them).
+const std::vector<std::string>& known_all2all_backends();
 
 // ---- FusedMoEConfig
 // ---------------------------------------------------------------------------------

@@ -27,22 +27,6 @@ namespace {
 
 int64_t cdiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
-const std::vector<std::string>& known_all2all_backends() {
-  static const std::vector<std::string> v = {"allgather_reducescatter",
-                                             "naive",
-                                             "pplx",
-                                             "deepep_high_throughput",
-                                             "deepep_low_latency",
-                                             "deepep_v2",
-                                             "flashinfer_all2allv",
-                                             "flashinfer_nvlink_one_sided",
-                                             "flashinfer_nvlink_two_sided",
-                                             "mori_high_throughput",
-                                             "mori_low_latency",
-                                             "nixl_ep"};
-  return v;
-}
-
 std::string block_str(const std::array<int64_t, 2>& b) {
   return fmt::format("[{}, {}]", b[0], b[1]);
 }

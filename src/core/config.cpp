@@ -8,6 +8,7 @@
 #include <array>
 #include <cctype>
 #include <string>
+#include <vector>
 
 #include "fp8moe/error.hpp"
 
@@ -139,6 +140,22 @@ RoutingMethodType get_routing_method_type(std::string_view scoring_func, int top
 
 // ---- MoeParallelConfig
 // --------------------------------------------------------------------------------
+const std::vector<std::string>& known_all2all_backends() {
+  static const std::vector<std::string> v = {"allgather_reducescatter",
+                                             "naive",
+                                             "pplx",
+                                             "deepep_high_throughput",
+                                             "deepep_low_latency",
+                                             "deepep_v2",
+                                             "flashinfer_all2allv",
+                                             "flashinfer_nvlink_one_sided",
+                                             "flashinfer_nvlink_two_sided",
+                                             "mori_high_throughput",
+                                             "mori_low_latency",
+                                             "nixl_ep"};
+  return v;
+}
+
 bool MoeParallelConfig::use_deepep_ht_kernels() const {
   return use_all2all_kernels() && all2all_backend == "deepep_high_throughput";
 }

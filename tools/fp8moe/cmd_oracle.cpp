@@ -205,22 +205,6 @@ void add_deployment_options(CLI::App* sub, DeploymentOptions& o) {
   sub->add_flag("--json", o.json, "machine-readable output");
 }
 
-const std::vector<std::string>& known_all2all_backends() {
-  static const std::vector<std::string> v = {"allgather_reducescatter",
-                                             "naive",
-                                             "pplx",
-                                             "deepep_high_throughput",
-                                             "deepep_low_latency",
-                                             "deepep_v2",
-                                             "flashinfer_all2allv",
-                                             "flashinfer_nvlink_one_sided",
-                                             "flashinfer_nvlink_two_sided",
-                                             "mori_high_throughput",
-                                             "mori_low_latency",
-                                             "nixl_ep"};
-  return v;
-}
-
 Platform make_platform(const DeploymentOptions& o) {
   if (o.installed_given && o.installed.find_first_not_of(" \t") == std::string::npos) {
     throw ValueError(

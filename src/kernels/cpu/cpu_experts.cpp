@@ -418,67 +418,111 @@ inline int64_t w13_row_of(const Plan& p, int64_t ht, int64_t i) {
   return i < p.HT ? c0 + i : p.I + c0 + (i - p.HT);
 }
 
+// One thread's scratch buffers (Plan's t_* offsets into its slice of the workspace).
+struct ThreadScratch {
+  float* c;
+  int32_t* rows;
+  int32_t* groups;
+  float* y;
+  float* h;
+  uint8_t* q;
+  float* cs;
+  float* bias;
+  char* gemm;
+};
+ThreadScratch thread_scratch(Run& r, int tid) {
+  const Plan& p = r.p;
+  char* tb = r.thread_base(tid);
+  return {reinterpret_cast<float*>(tb + p.t_c),
+          reinterpret_cast<int32_t*>(tb + p.t_rows),
+          reinterpret_cast<int32_t*>(tb + p.t_groups),
+          reinterpret_cast<float*>(tb + p.t_y),
+          reinterpret_cast<float*>(tb + p.t_h),
+          reinterpret_cast<uint8_t*>(tb + p.t_q),
+          reinterpret_cast<float*>(tb + p.t_cs),
+          reinterpret_cast<float*>(tb + p.t_bias),
+          tb + p.t_scratch};
+}
+
+// The GEMM of one work item: R activation rows (`rows` into `act`, K wide, with their per-k-block
+// scales when the scheme has them) against the NT weight rows `groups` of expert e of `w` (E, N,
+// K) and its block scales.
+GemmTile item_gemm(const Run& r, const ThreadScratch& ts, const void* act, const float* act_scale,
+                   int64_t act_scale_ld, const TensorView& w, const TensorView& w_scale, int64_t e,
+                   int64_t N, int64_t K, int kblock, int R, int NT) {
+  const Plan& p = r.p;
+  GemmTile g;
+  g.a = act;
+  g.a_bf16 = p.a_bf16;
+  g.lda = K;
+  g.a_rows = ts.rows;
+  g.R = R;
+  g.a_scale = p.ascale == AScale::kPerKBlock ? act_scale : nullptr;
+  g.a_scale_ld = act_scale_ld;
+  g.w = w.ptr<const uint8_t>() + e * N * K;
+  g.K = K;
+  g.w_groups = ts.groups;
+  g.NT = NT;
+  if (p.wscale_kb) {
+    g.w_scale = w_scale.ptr<const float>() + e * w_scale.size(1) * w_scale.size(2);
+    g.bn = r.a.scheme.block_n;
+    g.w_scale_ld = w_scale.size(2);
+  }
+  g.kblock = kblock;
+  g.c = ts.c;
+  g.ldc = NT;
+  g.scratch = ts.gemm;
+  return g;
+}
+
+// The row epilogue's common part: scales not applied per K-block (per row, and per column for
+// per-tensor / per-channel weights: `col_scale(n)`), the bias `bias_at(n)`, the output dtype.
+template <typename ColScale, typename BiasAt>
+RowEpilogue item_epilogue(const Plan& p, const ThreadScratch& ts, const TensorView& b, int NT,
+                          ColScale col_scale, BiasAt bias_at) {
+  const bool row_scales =
+      !p.wscale_kb || p.ascale == AScale::kPerRow || p.ascale == AScale::kPerTensor;
+  const bool has_cs = row_scales && !p.wscale_kb;  // per-tensor / per-channel weight scales
+  const bool has_bias = b.defined();
+  for (int n = 0; n < NT; ++n) {
+    if (has_cs) ts.cs[n] = col_scale(n);
+    if (has_bias) ts.bias[n] = load_bias(b, bias_at(n));
+  }
+  RowEpilogue ep;
+  ep.n = NT;
+  ep.apply_scales = row_scales;
+  ep.col_scale = has_cs ? ts.cs : nullptr;
+  ep.bias = has_bias ? ts.bias : nullptr;
+  ep.bf16 = p.bf16;
+  return ep;
+}
+
 void gemm1_item(Run& r, const Item& it, int tid) {
   const Plan& p = r.p;
   const FusedMoeArgs& a = r.a;
   const MoeScheme& sc = a.scheme;
-  char* tb = r.thread_base(tid);
-  float* C = reinterpret_cast<float*>(tb + p.t_c);
-  int32_t* rows = reinterpret_cast<int32_t*>(tb + p.t_rows);
-  int32_t* groups = reinterpret_cast<int32_t*>(tb + p.t_groups);
-  float* y = reinterpret_cast<float*>(tb + p.t_y);
-  float* h = reinterpret_cast<float*>(tb + p.t_h);
-  uint8_t* q = reinterpret_cast<uint8_t*>(tb + p.t_q);
+  const ThreadScratch ts = thread_scratch(r, tid);
+  int32_t* rows = ts.rows;
+  float* y = ts.y;
+  float* h = ts.h;
+  uint8_t* q = ts.q;
 
   const int64_t e = it.e, ht = it.tile;
   const int64_t p0 = r.offsets[e] + it.rb * kRowBlock;
   const int R = static_cast<int>(std::min<int64_t>(kRowBlock, r.offsets[e + 1] - p0));
   for (int i = 0; i < R; ++i) rows[i] = r.sorted[p0 + i] / static_cast<int32_t>(p.topk);
-  const int NT = fill_groups1(p, ht, groups);
+  const int NT = fill_groups1(p, ht, ts.groups);
 
-  GemmTile g;
-  g.a = p.x_direct ? a.x.data : r.a1;
-  g.a_bf16 = p.a_bf16;
-  g.lda = p.H;
-  g.a_rows = rows;
-  g.R = R;
-  g.a_scale = p.ascale == AScale::kPerKBlock ? r.sa1 : nullptr;
-  g.a_scale_ld = p.sa1_ld;
-  g.w = a.weights.w13.ptr<const uint8_t>() + e * p.N1 * p.H;
-  g.K = p.H;
-  g.w_groups = groups;
-  g.NT = NT;
-  if (p.wscale_kb) {
-    const TensorView& s = a.weights.w13_scale;
-    g.w_scale = s.ptr<const float>() + e * s.size(1) * s.size(2);
-    g.bn = sc.block_n;
-    g.w_scale_ld = s.size(2);
-  }
-  g.kblock = p.kblock1;
-  g.c = C;
-  g.ldc = NT;
-  g.scratch = tb + p.t_scratch;
-  r.gemm(g);
+  r.gemm(item_gemm(r, ts, p.x_direct ? a.x.data : r.a1, r.sa1, p.sa1_ld, a.weights.w13,
+                   a.weights.w13_scale, e, p.N1, p.H, p.kblock1, R, NT));
 
   // Epilogue per row: scales not applied per K-block, + bias, round, activation, [quantise].
-  const bool row_scales =
-      !p.wscale_kb || p.ascale == AScale::kPerRow || p.ascale == AScale::kPerTensor;
-  const bool has_cs = row_scales && !p.wscale_kb;  // per-tensor / per-channel weight scales
-  const bool has_bias = a.weights.w13_bias.defined();
-  float* cs = reinterpret_cast<float*>(tb + p.t_cs);
-  float* bias = reinterpret_cast<float*>(tb + p.t_bias);
-  for (int n = 0; n < NT; ++n) {
-    const int64_t row = w13_row_of(p, ht, n);
-    if (has_cs) cs[n] = w13_row_scale(a, p, e, row);
-    if (has_bias) bias[n] = load_bias(a.weights.w13_bias, e * p.N1 + row);
-  }
-  RowEpilogue ep;
-  ep.n = NT;
-  ep.apply_scales = row_scales;
-  ep.col_scale = has_cs ? cs : nullptr;
-  ep.bias = has_bias ? bias : nullptr;
-  ep.bf16 = p.bf16;
+  RowEpilogue ep = item_epilogue(
+      p, ts, a.weights.w13_bias, NT,
+      [&](int n) { return w13_row_scale(a, p, e, w13_row_of(p, ht, n)); },
+      [&](int n) { return e * p.N1 + w13_row_of(p, ht, n); });
   ep.out_f32 = y;
+  const float* C = ts.c;
   for (int i = 0; i < R; ++i) {
     const int64_t pos = p0 + i;
     const int64_t t = rows[i];
@@ -524,61 +568,24 @@ void gemm1_item(Run& r, const Item& it, int tid) {
 void gemm2_item(Run& r, const Item& it, int tid) {
   const Plan& p = r.p;
   const FusedMoeArgs& a = r.a;
-  const MoeScheme& sc = a.scheme;
-  char* tb = r.thread_base(tid);
-  float* C = reinterpret_cast<float*>(tb + p.t_c);
-  int32_t* rows = reinterpret_cast<int32_t*>(tb + p.t_rows);
-  int32_t* groups = reinterpret_cast<int32_t*>(tb + p.t_groups);
+  const ThreadScratch ts = thread_scratch(r, tid);
 
   const int64_t e = it.e;
   const int64_t n0 = it.tile * kTile2;
   const int NT = static_cast<int>(std::min<int64_t>(kTile2, p.H - n0));
   const int64_t p0 = r.offsets[e] + it.rb * kRowBlock;
   const int R = static_cast<int>(std::min<int64_t>(kRowBlock, r.offsets[e + 1] - p0));
-  for (int i = 0; i < R; ++i) rows[i] = static_cast<int32_t>(p0 + i);
-  for (int j = 0; j < NT / 16; ++j) groups[j] = static_cast<int32_t>(n0 + 16 * j);
+  for (int i = 0; i < R; ++i) ts.rows[i] = static_cast<int32_t>(p0 + i);
+  for (int j = 0; j < NT / 16; ++j) ts.groups[j] = static_cast<int32_t>(n0 + 16 * j);
 
-  GemmTile g;
-  g.a = r.a2;
-  g.a_bf16 = p.a_bf16;
-  g.lda = p.I;
-  g.a_rows = rows;
-  g.R = R;
-  g.a_scale = p.ascale == AScale::kPerKBlock ? r.sa2 : nullptr;
-  g.a_scale_ld = p.sa2_ld;
-  g.w = a.weights.w2.ptr<const uint8_t>() + e * p.H * p.I;
-  g.K = p.I;
-  g.w_groups = groups;
-  g.NT = NT;
-  if (p.wscale_kb) {
-    const TensorView& s = a.weights.w2_scale;
-    g.w_scale = s.ptr<const float>() + e * s.size(1) * s.size(2);
-    g.bn = sc.block_n;
-    g.w_scale_ld = s.size(2);
-  }
-  g.kblock = p.kblock2;
-  g.c = C;
-  g.ldc = NT;
-  g.scratch = tb + p.t_scratch;
-  r.gemm(g);
+  r.gemm(item_gemm(r, ts, r.a2, r.sa2, p.sa2_ld, a.weights.w2, a.weights.w2_scale, e, p.H, p.I,
+                   p.kblock2, R, NT));
 
-  const bool row_scales =
-      !p.wscale_kb || p.ascale == AScale::kPerRow || p.ascale == AScale::kPerTensor;
-  const bool has_cs = row_scales && !p.wscale_kb;
-  const bool has_bias = a.weights.w2_bias.defined();
-  float* cs = reinterpret_cast<float*>(tb + p.t_cs);
-  float* bias = reinterpret_cast<float*>(tb + p.t_bias);
-  for (int n = 0; n < NT; ++n) {
-    if (has_cs) cs[n] = w2_row_scale(a, p, e, n0 + n);
-    if (has_bias) bias[n] = load_bias(a.weights.w2_bias, e * p.H + n0 + n);
-  }
-  RowEpilogue ep;
-  ep.n = NT;
-  ep.apply_scales = row_scales;
-  ep.col_scale = has_cs ? cs : nullptr;
-  ep.bias = has_bias ? bias : nullptr;
+  RowEpilogue ep = item_epilogue(
+      p, ts, a.weights.w2_bias, NT, [&](int n) { return w2_row_scale(a, p, e, n0 + n); },
+      [&](int n) { return e * p.H + n0 + n; });
   ep.mul_weight = !a.apply_router_weight_on_input;  // the router weight, in f32, before the cast
-  ep.bf16 = p.bf16;
+  const float* C = ts.c;
   for (int i = 0; i < R; ++i) {
     const int64_t pos = p0 + i;
     const int64_t s = r.sorted[pos];
