@@ -590,8 +590,8 @@ struct ShapePlan {
   double padding_overhead() const {
     return useful_flops > 0 ? executed_flops / useful_flops - 1 : 0;
   }
-  // Set when PlanOptions::card is and the per-rank layout is known (also for failing plans: the
-  // floor if it ran).
+  // Set when PlanOptions::card is, the per-rank layout is known and the experts go through the FP8
+  // MoE oracle (also for plans failing later: the floor if it ran).
   std::optional<ShapeRoofline> roofline;
 };
 

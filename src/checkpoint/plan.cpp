@@ -587,7 +587,8 @@ ModelPlan plan_model(const ModelConfig& model, const SafetensorsCheckpoint* ckpt
                         "for {} real rows",
                         100.0 * s.padding_overhead(), tp, W, s.intermediate));
       }
-      if (options.card && !s.ranks.empty() && W > 0) {
+      // Experts outside the FP8 MoE oracle (MXFP4, ...) have other byte and FLOP counts: none.
+      if (options.card && !s.ranks.empty() && W > 0 && s.failed_step != "fp8") {
         s.roofline = shape_roofline(model, par, s, *options.card, options.roofline_tokens);
       }
     }

@@ -66,6 +66,7 @@ def main():
     check("--enable-expert-parallel" in j["shapes"][0]["error"]["message"], "tp16 suggests EP")
     j = plan(model("gpt-oss-120b"), "--tp", "2", "--platform", "cuda:90", expect=1)
     check(j["shapes"][0]["failed_step"] == "fp8", "gpt-oss not fp8")
+    check(j["card"]["name"] == "H200" and j["shapes"][0]["roofline"] is None, "no FP8 roofline for MXFP4")
 
     # --sweep-tp
     j = plan(model("Qwen3-30B-A3B-FP8"), "--platform", "cuda:90", "--sweep-tp", "1,2,4,8,16")
