@@ -27,6 +27,7 @@
 #include "fp8moe/oracle_env.hpp"
 #include "fp8moe/platform.hpp"
 #include "fp8moe/quant_key.hpp"
+#include "fp8moe/roofline.hpp"
 #include "fp8moe/tensor.hpp"
 
 namespace fp8moe {
@@ -526,6 +527,19 @@ struct PlanOptions {
   std::string moe_backend = "auto";  // vLLM --moe-backend (normalised: lower case, '-' -> '_')
   std::optional<DType> act_dtype;    // activation dtype; default: the model's torch_dtype
   bool lora = false;
+  // The roofline ("how fast, at best?"): a card gives every planned shape a ShapeRoofline at these
+  // batch sizes (tokens per forward of one DP group). No card: no roofline; card_note says why.
+  std::optional<GpuCard> card;
+  std::string card_note;
+  std::vector<int64_t> roofline_tokens = default_roofline_tokens();
+};
+
+// The roofline of one planned shape on the busiest rank (roofline.hpp has the model).
+struct ShapeRoofline {
+  RooflineLayer layer;  // what was estimated
+  std::string layout;   // the parallel assumption in words (who holds which experts, which tokens)
+  int num_layers = 0;   // MoE layers of this shape
+  std::vector<RooflinePoint> points;
 };
 
 // Expert memory of one rank for one layer, in the checkpoint layout the loader produces.
@@ -576,6 +590,9 @@ struct ShapePlan {
   double padding_overhead() const {
     return useful_flops > 0 ? executed_flops / useful_flops - 1 : 0;
   }
+  // Set when PlanOptions::card is, the per-rank layout is known and the experts go through the FP8
+  // MoE oracle (also for plans failing later: the floor if it ran).
+  std::optional<ShapeRoofline> roofline;
 };
 
 struct ModelPlan {
@@ -589,8 +606,14 @@ struct ModelPlan {
   uint64_t checkpoint_bytes = 0;
   bool weight_bytes_read = false;  // must stay false: planning reads headers only
   std::vector<ShapePlan> shapes;
-  std::string error;  // set when the layout itself is invalid (e.g. --ep mismatch)
+  std::string error;            // set when the layout itself is invalid (e.g. --ep mismatch)
+  std::optional<GpuCard> card;  // PlanOptions::card
+  std::string card_note;        // PlanOptions::card_note
+  int tokens_factor = 1;        // MoE tokens per DP-group token (dp)
   bool ok() const;
+  // One forward step's MoE floor (every shape's layers x floor) at roofline point i; false when a
+  // shape has no roofline (the sum would be incomplete).
+  bool moe_step_s(std::size_t i, double& seconds) const;
   uint64_t max_rank_bytes() const;  // all MoE layers, the fullest rank
 };
 

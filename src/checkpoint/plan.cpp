@@ -75,6 +75,58 @@ RankMemory rank_memory(const ModelConfig& m, const ShapePlan& s, int rank, int n
   return r;
 }
 
+// The roofline of a planned shape on its busiest rank (the one with the most expert bytes).
+ShapeRoofline shape_roofline(const ModelConfig& m, const MoeParallelConfig& par, const ShapePlan& s,
+                             const GpuCard& card, const std::vector<int64_t>& tokens) {
+  const RankMemory& r = *std::max_element(s.ranks.begin(), s.ranks.end(), [](auto& a, auto& b) {
+    return a.weight_bytes + a.scale_bytes < b.weight_bytes + b.scale_bytes;
+  });
+  const int tp = par.use_ep ? 1 : par.tp_size;
+  ShapeRoofline R;
+  RooflineLayer& L = R.layer;
+  L.num_experts = s.num_experts;
+  L.num_local_experts = r.num_local_experts;
+  L.topk = s.topk;
+  L.hidden = s.hidden;
+  L.intermediate = r.local_intermediate;
+  L.useful_intermediate = static_cast<double>(s.intermediate) / tp;
+  L.token_factor = par.dp_size;
+  L.expert_weight_bytes = static_cast<double>(r.weight_bytes) / r.num_local_experts;
+  L.expert_scale_bytes = static_cast<double>(r.scale_bytes) / r.num_local_experts;
+  L.activation_bytes = static_cast<double>(dtype_size(s.moe_config.in_dtype));
+  // Weight-only (W8A16) kernels and unquantised experts multiply in BF16.
+  const bool weight_only = s.selected && (s.selection.backend == Fp8MoeBackend::kMarlin ||
+                                          s.selection.backend == Fp8MoeBackend::kCpu);
+  L.fp8_compute = !s.ignored && m.quant.scale_kind != CheckpointScaleKind::kNone && !weight_only;
+  R.num_layers = static_cast<int>(s.layers.size());
+  const std::string tokens_text =
+      par.dp_size > 1 ? fmt::format(
+                            "the {} DP groups' tokens are all-gathered (vLLM's default "
+                            "allgather_reducescatter): each GPU's MoE sees T = {} x M tokens",
+                            par.dp_size, par.dp_size)
+                      : std::string("every GPU's MoE sees the same T = M tokens");
+  if (par.use_ep) {
+    R.layout = fmt::format(
+        "EP{}: the busiest GPU holds {} of {} experts with all {} rows; {}, and computes the ~T x "
+        "top-{} x {}/{} pairs routed to its experts",
+        par.ep_size, r.num_local_experts, s.num_experts, r.local_intermediate, tokens_text, s.topk,
+        r.num_local_experts, s.num_experts);
+    if (par.all2all_backend != "allgather_reducescatter") {
+      R.layout += fmt::format(
+          " (all2all backend {}: the same per-GPU expert bytes and FLOPs; dispatch traffic is not "
+          "counted)",
+          par.all2all_backend);
+    }
+  } else {
+    R.layout = fmt::format(
+        "TP{}: every GPU holds all {} experts with {} of their {} rows{}; {}", par.tp_size,
+        s.num_experts, r.local_intermediate, s.intermediate,
+        s.padded ? fmt::format(" (padded from {:.4g})", L.useful_intermediate) : "", tokens_text);
+  }
+  for (int64_t t : tokens) R.points.push_back(roofline_point(L, card, t));
+  return R;
+}
+
 // Header cross-check of one layer: every routed expert's weight (and scale) exists with the dtype
 // and shape the config implies. Returns a description of what was checked.
 std::size_t check_layer_headers(const SafetensorsCheckpoint& ck, const ModelConfig& m, int layer,
@@ -414,6 +466,15 @@ MoeParallelConfig PlanParallel::make() const {
   return MoeParallelConfig::make(t, pcp, dp, 1, use_ep, all2all_backend, false);
 }
 
+bool ModelPlan::moe_step_s(std::size_t i, double& seconds) const {
+  seconds = 0;
+  for (const auto& s : shapes) {
+    if (!s.roofline || i >= s.roofline->points.size()) return false;
+    seconds += s.roofline->num_layers * s.roofline->points[i].floor_s;
+  }
+  return !shapes.empty();
+}
+
 bool ModelPlan::ok() const {
   if (!error.empty() || shapes.empty()) return false;
   return std::all_of(shapes.begin(), shapes.end(), [](const ShapePlan& s) { return s.ok; });
@@ -473,6 +534,9 @@ ModelPlan plan_model(const ModelConfig& model, const SafetensorsCheckpoint* ckpt
     return plan;
   }
   plan.parallel = par.repr();
+  plan.card = options.card;
+  plan.card_note = options.card_note;
+  plan.tokens_factor = par.dp_size;
   plan.world_size = par.use_ep ? par.ep_size : par.tp_size;
 
   for (const auto& [ignored, layers] : groups) {
@@ -523,6 +587,10 @@ ModelPlan plan_model(const ModelConfig& model, const SafetensorsCheckpoint* ckpt
                         "for {} real rows",
                         100.0 * s.padding_overhead(), tp, W, s.intermediate));
       }
+      // Experts outside the FP8 MoE oracle (MXFP4, ...) have other byte and FLOP counts: none.
+      if (options.card && !s.ranks.empty() && W > 0 && s.failed_step != "fp8") {
+        s.roofline = shape_roofline(model, par, s, *options.card, options.roofline_tokens);
+      }
     }
     plan.shapes.push_back(std::move(s));
   }
@@ -538,6 +606,71 @@ TpShard plan_tp_shard(const ShapePlan& s, int tp_rank) {
   }
   return make_plain_tp_shard(s.intermediate, s.hidden, c.tp_size(), tp_rank);
 }
+
+namespace {
+
+ordered_json card_json(const GpuCard& c) {
+  return {{"name", c.name},
+          {"hbm_bytes_per_s", c.hbm_bytes_per_s},
+          {"fp8_dense_flops", c.fp8_flops},
+          {"bf16_dense_flops", c.bf16_flops},
+          {"source", c.source},
+          {"custom", c.custom}};
+}
+
+ordered_json roofline_json(const ModelPlan& p, const ShapePlan& s) {
+  if (!s.roofline) return nullptr;
+  const ShapeRoofline& R = *s.roofline;
+  const RooflineLayer& L = R.layer;
+  ordered_json pts = ordered_json::array();
+  for (std::size_t i = 0; i < R.points.size(); ++i) {
+    const RooflinePoint& q = R.points[i];
+    double step = 0;
+    const bool complete = p.moe_step_s(i, step);
+    pts.push_back(
+        {{"tokens", q.tokens},
+         {"moe_tokens", q.moe_tokens},
+         {"experts_touched", q.experts_touched},
+         {"routed_pairs", q.routed_pairs},
+         {"bytes",
+          {{"weights", q.weight_bytes},
+           {"scales", q.scale_bytes},
+           {"activations", q.activation_bytes},
+           {"intermediates", q.intermediate_bytes},
+           {"total", q.bytes},
+           {"padding", q.padding_bytes}}},
+         {"flops", q.flops},
+         {"padding_flops", q.padding_flops},
+         {"memory_us", q.memory_s * 1e6},
+         {"compute_us", q.compute_s * 1e6},
+         {"floor_us", q.floor_s * 1e6},
+         {"bound", q.compute_bound ? "compute" : "memory"},
+         {"layers_us", q.floor_s * R.num_layers * 1e6},
+         {"model_moe_step_us", complete ? ordered_json(step * 1e6) : ordered_json(nullptr)},
+         {"tokens_per_s", complete && step > 0
+                              ? ordered_json(static_cast<double>(q.moe_tokens) / step)
+                              : ordered_json(nullptr)}});
+  }
+  return {{"lower_bound", true},
+          {"what",
+           "per-GPU floor of one MoE layer: max(bytes / HBM bandwidth, FLOPs / dense peak), "
+           "uniform random routing (expected values), each touched expert's weights and scales "
+           "read once, bf16 activations in/out and bf16 intermediates; no kernel is faster than "
+           "this; measured kernels: fp8moe bench, docs/PERFORMANCE.md"},
+          {"card", card_json(*p.card)},
+          {"layout", R.layout},
+          {"layers", R.num_layers},
+          {"compute", L.fp8_compute ? "fp8" : "bf16"},
+          {"local_experts", L.num_local_experts},
+          {"rows_per_gpu", L.intermediate},
+          {"useful_rows_per_gpu", L.useful_intermediate},
+          {"token_factor", L.token_factor},
+          {"expert_weight_bytes", L.expert_weight_bytes},
+          {"expert_scale_bytes", L.expert_scale_bytes},
+          {"points", pts}};
+}
+
+}  // namespace
 
 ordered_json plan_to_json(const ModelPlan& p) {
   ordered_json j;
@@ -577,6 +710,8 @@ ordered_json plan_to_json(const ModelPlan& p) {
   j["ok"] = p.ok();
   if (!p.error.empty()) j["error"] = p.error;
   j["max_rank_expert_bytes"] = p.max_rank_bytes();
+  j["card"] = p.card ? card_json(*p.card) : ordered_json(nullptr);
+  if (!p.card_note.empty()) j["card_note"] = p.card_note;
   ordered_json shapes = ordered_json::array();
   for (const ShapePlan& s : p.shapes) {
     ordered_json o;
@@ -644,6 +779,7 @@ ordered_json plan_to_json(const ModelPlan& p) {
                                              {"executed", s.executed_flops},
                                              {"padding_overhead", s.padding_overhead()}};
     o["notes"] = s.notes;
+    o["roofline"] = roofline_json(p, s);
     shapes.push_back(o);
   }
   j["shapes"] = shapes;

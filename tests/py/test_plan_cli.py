@@ -66,6 +66,7 @@ def main():
     check("--enable-expert-parallel" in j["shapes"][0]["error"]["message"], "tp16 suggests EP")
     j = plan(model("gpt-oss-120b"), "--tp", "2", "--platform", "cuda:90", expect=1)
     check(j["shapes"][0]["failed_step"] == "fp8", "gpt-oss not fp8")
+    check(j["card"]["name"] == "H200" and j["shapes"][0]["roofline"] is None, "no FP8 roofline for MXFP4")
 
     # --sweep-tp
     j = plan(model("Qwen3-30B-A3B-FP8"), "--platform", "cuda:90", "--sweep-tp", "1,2,4,8,16")
@@ -95,10 +96,109 @@ def main():
         j = plan(model("DeepSeek-V3"), "--tp", "4", "--ep", "8", "--platform", "cuda:90", expect=1)
         check("does not match dp*pcp*tp" in j.get("error", ""), f"ep mismatch: {j}")
 
+    roofline()
+
     if FAILURES:
         print(f"{len(FAILURES)} failure(s)")
         sys.exit(1)
     print("ok")
+
+
+# spec/models.md, "Roofline floors for one MoE layer on H200", DeepSeek-V3/R1 TP8 (us; the table
+# counts no scales: fp8moe's include them, at most 0.03% more for 128x128 blocks).
+DEEPSEEK_TP8_H200 = [9.2, 65.9, 187.6, 289.6, 298.0, 311.1, 364.6]
+
+
+def near_table(us, table):
+    return table - 0.05 <= us <= table * 1.0003 + 0.05
+
+
+def roofline():
+    ds = model("DeepSeek-V3")
+    # Default card for cuda:90: H200; the default batch sizes; models.md's numbers.
+    j = plan(ds, "--tp", "8", "--platform", "cuda:90")
+    check(j["card"]["name"] == "H200" and not j["card"]["custom"], f"default card: {j['card']}")
+    r = j["shapes"][0]["roofline"]
+    check(r["lower_bound"] is True and r["layers"] == 58 and r["compute"] == "fp8", f"roofline head: {r}")
+    pts = r["points"]
+    check([p["tokens"] for p in pts] == [1, 8, 32, 128, 512, 2048, 8192], "default tokens")
+    for p, t in zip(pts, DEEPSEEK_TP8_H200):
+        check(near_table(p["floor_us"], t), f"deepseek tp8 M={p['tokens']}: {p['floor_us']} vs {t}")
+        check(abs(p["layers_us"] - 58 * p["floor_us"]) < 1e-6 * p["layers_us"], "layers x floor")
+        check(abs(p["tokens_per_s"] - p["tokens"] / (p["model_moe_step_us"] * 1e-6)) < 1e-6 * p["tokens_per_s"],
+              "tokens/s = M / step")
+        b = p["bytes"]
+        check(abs(b["weights"] + b["scales"] + b["activations"] + b["intermediates"] - b["total"]) < 1e-3 * b["total"],
+              "bytes add up")
+    check([p["bound"] for p in pts] == ["memory"] * 6 + ["compute"], "deepseek tp8 bounds")
+
+    # Human output: the block, labelled as a lower bound, with the pointer to measured kernels.
+    out = plan(ds, "--tp", "8", "--platform", "cuda:90", as_json=False)
+    for fragment in ("speed (roofline) LOWER BOUND per GPU on H200 (spec sheet: 4.8 TB/s HBM, 1979 TFLOP/s dense FP8)",
+                     "no kernel is faster than this", "`fp8moe bench` / docs/PERFORMANCE.md",
+                     "TP8: every GPU holds all 256 experts", "58 layers", "tok/s (<=)", "compute"):
+        check(fragment in out, f"human roofline lacks '{fragment}':\n{out}")
+    rows = [l.split() for l in out.splitlines() if l.strip().split(" ")[0] in ("1", "8192")]
+    check(len(rows) == 2 and rows[0][5] == "memory" and rows[1][5] == "compute", f"rows: {rows}")
+
+    # Other cards: --card, B200 default on cuda:100, a custom card equal to H200.
+    j = plan(ds, "--tp", "8", "--platform", "cuda:90", "--card", "h100", "--tokens", "1")
+    p = j["shapes"][0]["roofline"]["points"][0]
+    check(j["card"]["name"] == "H100" and abs(p["floor_us"] - pts[0]["floor_us"] * 4.8 / 3.35) < 1e-6,
+          f"h100 scales the memory floor by 4.8/3.35: {p['floor_us']}")
+    j = plan(ds, "--tp", "8", "--platform", "cuda:100", "--tokens", "1")
+    check(j["card"]["name"] == "B200", f"cuda:100 -> B200: {j['card']}")
+    j = plan(ds, "--tp", "8", "--platform", "cuda:90", "--card-bw", "4.8", "--card-fp8", "1979")
+    check(j["card"]["custom"] and [p["floor_us"] for p in j["shapes"][0]["roofline"]["points"]]
+          == [p["floor_us"] for p in pts], "custom card with H200's peaks")
+    j = plan(ds, "--tp", "8", "--platform", "cuda:90", "--tokens", "4,64")
+    check([p["tokens"] for p in j["shapes"][0]["roofline"]["points"]] == [4, 64], "--tokens")
+
+    # No card: the section says which flag gives one.
+    j = plan(ds, "--tp", "8", "--platform", "rocm:gfx942")
+    check(j["card"] is None and j["shapes"][0]["roofline"] is None and "--card" in j.get("card_note", ""),
+          f"rocm: no default card: {j.get('card_note')}")
+    out = plan(ds, "--tp", "8", "--platform", "rocm:gfx942", as_json=False)
+    check("speed (roofline) no card: no default card for rocm:gfx942: give --card NAME" in out, f"rocm text:\n{out}")
+    j = plan(ds, "--tp", "8", "--platform", "rocm:gfx942", "--card", "MI300X", "--tokens", "1")
+    check(j["card"]["name"] == "MI300X" and j["shapes"][0]["roofline"] is not None, "--card MI300X")
+
+    # EP: 32 experts per GPU; DP groups' tokens all-gathered.
+    j = plan(ds, "--ep", "8", "--platform", "cuda:90", "--tokens", "1,128")
+    r = j["shapes"][0]["roofline"]
+    check(r["local_experts"] == 32 and r["rows_per_gpu"] == 2048 and "EP8" in r["layout"], f"ep8: {r['layout']}")
+    check(abs(r["points"][0]["experts_touched"] - 1.0) < 1e-9, "ep8 M=1 touches one local expert")
+    j = plan(ds, "--tp", "2", "--dp", "4", "--enable-ep", "--platform", "cuda:90", "--tokens", "1")
+    r = j["shapes"][0]["roofline"]
+    check(r["token_factor"] == 4 and r["points"][0]["moe_tokens"] == 4, f"dp4 tokens: {r['points'][0]}")
+    check("allgather_reducescatter" in r["layout"], f"dp4 layout: {r['layout']}")
+
+    # Padding costs bytes and FLOPs, and says so.
+    args = [model("Qwen3-30B-A3B-FP8"), "--tp", "4", "--platform", "cuda:100", "--moe-backend",
+            "flashinfer_trtllm", "--tokens", "1,8192"]
+    j = plan(*args)
+    for p in j["shapes"][0]["roofline"]["points"]:
+        check(abs(p["padding_flops"] / p["flops"] - 0.25) < 1e-12, f"padding FLOPs share: {p}")
+    out = plan(*args, as_json=False)
+    check("padding     25.0% of the weight bytes and FLOPs go to padded rows" in out, f"padding text:\n{out}")
+
+    # Bad flags: exit 2 with a ValueError naming the flag.
+    for extra, fragment in (
+        (["--card", "H300"], "unknown card 'H300': expected one of H100, H100-PCIe, H800, H200, H20, B200, MI300X"),
+        (["--card-bw", "0", "--card-fp8", "1979"], "--card-bw expects a positive, finite number"),
+        (["--card-bw", "nan", "--card-fp8", "1979"], "--card-bw"),
+        (["--card-bw", "inf", "--card-fp8", "1979"], "--card-bw"),
+        (["--card-bw", "4.8", "--card-fp8", "-1"], "--card-fp8 expects a positive"),
+        (["--card-bw", "4.8x", "--card-fp8", "1979"], "--card-bw"),
+        (["--card-bw", "4.8"], "needs both --card-bw TB/s and --card-fp8"),
+        (["--card", "H200", "--card-bw", "4.8", "--card-fp8", "1979"], "exclude each other"),
+        (["--tokens", "0"], "--tokens expects an integer >= 1"),
+        (["--tokens", "1,,8"], "--tokens"),
+        (["--tokens", "many"], "--tokens"),
+        (["--sweep-tp", "4,8", "--card", "H200"], "--sweep-tp"),
+    ):
+        j = plan(ds, "--tp", "8", "--platform", "cuda:90", *extra, expect=2)
+        check(j.get("error") == "ValueError" and fragment in j.get("message", ""), f"{extra}: {j}")
 
 
 if __name__ == "__main__":

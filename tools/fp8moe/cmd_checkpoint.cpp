@@ -1,7 +1,8 @@
 // fp8moe {plan, make-example, inspect, shard}: checkpoints on the command line.
 //
 //   plan MODEL        will this checkpoint run with this layout, with which kernel, how much memory
-//                     per GPU? From config.json and the safetensors headers only. Exit status 0
+//                     per GPU, how fast at best (the roofline floor on a spec-sheet card)? From
+//                     config.json and the safetensors headers only. Exit status 0
 //                     when every MoE layer works, 1 when one does not (the plan says why), 2 on
 //                     errors.
 //   make-example DIR  the small example checkpoint (Qwen3-MoE-shaped, real formats).
@@ -12,6 +13,7 @@
 
 #include <algorithm>
 #include <cctype>
+#include <cmath>
 #include <iostream>
 #include <string>
 #include <vector>
@@ -21,6 +23,10 @@
 #include "fp8moe/checkpoint.hpp"
 #include "fp8moe/error.hpp"
 #include "fp8moe/oracle.hpp"
+#include "fp8moe/roofline.hpp"
+#if FP8MOE_WITH_CUDA
+#include "kernels/cuda/fused_moe_cuda.hpp"
+#endif
 
 namespace fp8moe::cli {
 namespace {
@@ -205,6 +211,79 @@ LoadedModel load_model(const DeployOptions& o) {
 // ---- plan
 // ---------------------------------------------------------------------------------------------
 
+// "12,345"
+std::string thousands(double v) {
+  std::string d = fmt::format("{:.0f}", v), out;
+  for (std::size_t i = 0; i < d.size(); ++i) {
+    if (i > 0 && (d.size() - i) % 3 == 0) out += ',';
+    out += d[i];
+  }
+  return out;
+}
+
+// 0.1 us resolution (as spec/models.md's table) from 10 us up, 3 digits below.
+std::string us_text(double us) {
+  if (us >= 10) return fmt::format("{:.1f}", us);
+  if (us >= 0.1) return fmt::format("{:.2f}", us);
+  return fmt::format("{:.3g}", us);
+}
+
+std::string human_us(double s) {
+  if (s >= 1e-3) return fmt::format("{:.2f} ms", s * 1e3);
+  return fmt::format("{:.4g} us", s * 1e6);
+}
+
+void print_roofline_human(const ModelPlan& p, const ShapePlan& s) {
+  if (!s.roofline) {
+    std::cout << fmt::format(
+        "  speed (roofline) {}\n",
+        p.card ? "not estimated: the per-GPU layout is unknown" : "no card: " + p.card_note);
+    return;
+  }
+  const ShapeRoofline& R = *s.roofline;
+  const RooflineLayer& L = R.layer;
+  std::cout << fmt::format(
+      "  speed (roofline) LOWER BOUND per GPU{} on {}: no kernel is faster than this; fp8moe's "
+      "measured kernels: see `fp8moe bench` / docs/PERFORMANCE.md\n",
+      s.ok ? "" : " (if it ran)", p.card->describe());
+  std::cout << fmt::format("    layout      {}\n", R.layout);
+  std::cout << fmt::format(
+      "    model       per layer max(bytes / {:.3g} TB/s, FLOPs / {:.0f} TFLOP/s dense {}); "
+      "uniform "
+      "random routing (expected experts touched); each touched expert's w13 + w2 + scales read "
+      "once ({:.2f} MiB); bf16 activations in/out and bf16 intermediates (gate/up + activated "
+      "rows)\n",
+      p.card->hbm_bytes_per_s / 1e12,
+      (L.fp8_compute ? p.card->fp8_flops : p.card->bf16_flops) / 1e12,
+      L.fp8_compute ? "FP8" : "BF16", (L.expert_weight_bytes + L.expert_scale_bytes) / (1 << 20));
+  if (L.useful_intermediate < static_cast<double>(L.intermediate)) {
+    std::cout << fmt::format(
+        "    padding     {:.1f}% of the weight bytes and FLOPs go to padded rows: {} rows per GPU "
+        "for "
+        "{:.4g} real ones (+{:.1f}% of both)\n",
+        100 * (1 - L.useful_intermediate / static_cast<double>(L.intermediate)), L.intermediate,
+        L.useful_intermediate,
+        100 * (static_cast<double>(L.intermediate) / L.useful_intermediate - 1));
+  }
+  std::cout << fmt::format("    {:>7}  {:>8}  {:>10}  {:>11}  {:>9}  {:<7}  {:>12}  {:>12}\n", "M",
+                           "experts", "MB/layer", "GFLOP/layer", "us/layer", "bound",
+                           fmt::format("{} layers", R.num_layers), "tok/s (<=)");
+  for (std::size_t i = 0; i < R.points.size(); ++i) {
+    const RooflinePoint& q = R.points[i];
+    double step = 0;
+    const bool complete = p.moe_step_s(i, step);
+    std::cout << fmt::format(
+        "    {:>7}  {:>8.1f}  {:>10.4g}  {:>11.4g}  {:>9}  {:<7}  {:>12}  {:>12}\n", q.tokens,
+        q.experts_touched, q.bytes / 1e6, q.flops / 1e9, us_text(q.floor_s * 1e6),
+        q.compute_bound ? "compute" : "memory", human_us(q.floor_s * R.num_layers),
+        complete && step > 0 ? thousands(static_cast<double>(q.moe_tokens) / step) : "-");
+  }
+  std::cout << fmt::format(
+      "    M: tokens per forward of one DP group; tok/s: (M x {} DP group(s)) / the MoE layers' "
+      "floor{} (attention, dense layers and communication not counted)\n",
+      L.token_factor, p.shapes.size() > 1 ? " of every MoE shape" : "");
+}
+
 void print_plan_human(const ModelPlan& p, const LoadedModel& lm) {
   const ModelConfig& m = p.model;
   std::cout << fmt::format("{} ({})\n", m.source, m.model_type);
@@ -317,6 +396,7 @@ void print_plan_human(const ModelPlan& p, const LoadedModel& lm) {
                                100 * s.padding_overhead(), s.executed_flops, s.useful_flops)
                  : std::string("none"));
     for (const auto& n : s.notes) std::cout << "  note          " << n << "\n";
+    print_roofline_human(p, s);
     if (!s.ok) {
       std::cout << fmt::format("  result        FAILS at {}: {}: {}\n", s.failed_step, s.error_kind,
                                s.error_message);
@@ -337,7 +417,74 @@ void print_plan_human(const ModelPlan& p, const LoadedModel& lm) {
 struct PlanCommand {
   DeployOptions o;
   std::string sweep;
+  std::string card, card_bw, card_fp8, tokens;
 };
+
+double parse_positive(const std::string& opt, const std::string& text, const char* unit) {
+  std::size_t pos = 0;
+  double v = 0;
+  bool ok = !text.empty();
+  try {
+    v = std::stod(text, &pos);
+  } catch (const std::exception&) {
+    ok = false;
+  }
+  if (!ok || pos != text.size() || !std::isfinite(v) || v <= 0) {
+    throw ValueError(
+        fmt::format("{} expects a positive, finite number of {}, got '{}'", opt, unit, text));
+  }
+  return v;
+}
+
+// The card of the roofline: --card-bw/--card-fp8, --card, the detected GPU, or the simulated
+// platform's usual card (H200 for cuda:90, B200 for cuda:100). None: card_note says which flag
+// gives one.
+void resolve_card(const PlanCommand& c, const Platform& platform, PlanOptions& po) {
+  const std::string flags = fmt::format(
+      "give --card NAME ({}) or --card-bw TB/s --card-fp8 TFLOP/s", known_gpu_card_names());
+  if (!c.card_bw.empty() || !c.card_fp8.empty()) {
+    if (!c.card.empty()) {
+      throw ValueError("--card and --card-bw/--card-fp8 exclude each other: give one card");
+    }
+    if (c.card_bw.empty() || c.card_fp8.empty()) {
+      throw ValueError("a custom card needs both --card-bw TB/s and --card-fp8 TFLOP/s");
+    }
+    po.card = custom_gpu_card(parse_positive("--card-bw", c.card_bw, "TB/s"),
+                              parse_positive("--card-fp8", c.card_fp8, "TFLOP/s"));
+    return;
+  }
+  if (!c.card.empty()) {
+    po.card = gpu_card(c.card);
+    return;
+  }
+  if (platform.detected()) {
+    std::string device;
+#if FP8MOE_WITH_CUDA
+    if (platform.is_cuda()) device = cuda::device_name();
+#endif
+    if (device.empty()) {
+      po.card_note = fmt::format("no GPU card for this machine ({}): {}", platform.str(), flags);
+    } else if (const GpuCard* k = gpu_card_for_device(device)) {
+      po.card = *k;
+    } else {
+      po.card_note =
+          fmt::format("the detected GPU '{}' is not in the card table: {}", device, flags);
+    }
+    return;
+  }
+  if (const GpuCard* k = default_gpu_card(platform)) {
+    po.card = *k;
+    return;
+  }
+  po.card_note = fmt::format("no default card for {}: {}", platform.str(), flags);
+}
+
+std::vector<int64_t> parse_tokens(const std::string& text) {
+  if (text.empty()) return default_roofline_tokens();
+  std::vector<int64_t> out;
+  for (int t : parse_int_list("--tokens", text)) out.push_back(t);
+  return out;
+}
 
 ordered_json sweep_row_json(int tp, const ModelPlan& p) {
   ordered_json row;
@@ -369,7 +516,10 @@ void run_plan(PlanCommand& c) {
   const LoadedModel lm = load_model(c.o);
   const SafetensorsCheckpoint* ck = lm.ckpt ? &*lm.ckpt : nullptr;
   if (c.sweep.empty()) {
-    const ModelPlan p = plan_model(lm.config, ck, make_plan_options(c.o, c.o.tp), platform, env);
+    PlanOptions po = make_plan_options(c.o, c.o.tp);
+    po.roofline_tokens = parse_tokens(c.tokens);
+    resolve_card(c, platform, po);
+    const ModelPlan p = plan_model(lm.config, ck, po, platform, env);
     if (c.o.json) {
       ordered_json j = plan_to_json(p);
       if (!lm.weights_note.empty()) j["checkpoint_note"] = lm.weights_note;
@@ -380,7 +530,12 @@ void run_plan(PlanCommand& c) {
     exit_status() = p.ok() ? 0 : 1;
     return;
   }
-  // --sweep-tp: one row per TP size.
+  // --sweep-tp: one row per TP size (no roofline: one plan gives it).
+  if (!c.card.empty() || !c.card_bw.empty() || !c.card_fp8.empty() || !c.tokens.empty()) {
+    throw ValueError(
+        "--card, --card-bw, --card-fp8 and --tokens set the roofline of one plan; --sweep-tp "
+        "has none: drop one or the other");
+  }
   const std::vector<int> tps = parse_int_list("--sweep-tp", c.sweep);
   ordered_json rows = ordered_json::array();
   bool any = false;
@@ -640,10 +795,21 @@ void add_checkpoint_commands(CLI::App& app) {
     auto c = std::make_shared<PlanCommand>();
     CLI::App* sub = app.add_subcommand(
         "plan",
-        "Will this checkpoint run with this layout, with which kernel, how much memory per GPU? "
-        "(config.json + safetensors headers; no weight is read)");
+        "Will this checkpoint run with this layout, with which kernel, how much memory per GPU, "
+        "how fast at best (roofline)? (config.json + safetensors headers; no weight is read)");
     add_deploy_options(sub, c->o);
     sub->add_option("--sweep-tp", c->sweep, "plan each TP size of a comma list (e.g. 1,2,4,8,16)");
+    sub->add_option("--card", c->card,
+                    "GPU card of the roofline (spec-sheet peaks): " + known_gpu_card_names() +
+                        " (default: the detected GPU; H200 for --platform cuda:90, B200 for "
+                        "cuda:100)");
+    sub->add_option("--card-bw", c->card_bw,
+                    "custom card: HBM bandwidth in TB/s (with --card-fp8)");
+    sub->add_option("--card-fp8", c->card_fp8,
+                    "custom card: dense FP8 tensor peak in TFLOP/s (with --card-bw)");
+    sub->add_option("--tokens", c->tokens,
+                    "roofline batch sizes, tokens per forward of one DP group (default "
+                    "1,8,32,128,512,2048,8192)");
     sub->callback([c, sub] {
       c->o.tp_given = sub->count("--tp") > 0;
       run_plan(*c);
