@@ -792,6 +792,40 @@ TEST(Pitfalls, P24_MinusOneExpertIdsAreIgnoredThroughTheLayer) {
 }
 
 // =================================================================================================
+// Pitfall 28: on SM80 no FP8-compute kernel is chosen: the W8A16 path (MARLIN) is, and the choice
+// is logged; the layer plan computes fp8_w8a16 (activations unquantised).
+// =================================================================================================
+
+TEST(Pitfalls, P28_Sm80ChoosesW8A16AndLogsIt) {
+  CallerLayer c = make_caller_layer(4, 256, 128, 2);
+  std::vector<std::string> infos;
+  const LogLevel saved = log_level();
+  set_log_level(LogLevel::kInfo);
+  set_log_sink([&](LogLevel level, std::string_view m) {
+    if (level == LogLevel::kInfo) infos.emplace_back(m);
+  });
+  reset_log_once();
+  Fp8MoeLayerOptions o;
+  o.platform = Platform::parse("cuda:80");
+  const Fp8MoeLayerPlan p = plan_fp8_moe_layer(c.spec, o);
+  set_log_sink(nullptr);
+  set_log_level(saved);
+  ASSERT_TRUE(p.ok) << p.error_message;
+  EXPECT_EQ(p.selection.backend, Fp8MoeBackend::kMarlin);
+  EXPECT_EQ(p.quant_config_name, "fp8_w8a16");
+  EXPECT_EQ(p.scheme.act, ActQuantKind::kNone);
+  // Every class tried before MARLIN (the FP8-compute ones) was rejected, with a reason.
+  for (const TraceEntry& e : p.selection.trace) {
+    if (e.backend == Fp8MoeBackend::kMarlin) break;
+    EXPECT_FALSE(e.supported) << backend_value(e.backend);
+    EXPECT_FALSE(e.reason.empty()) << backend_value(e.backend);
+  }
+  bool logged = false;
+  for (const auto& m : infos) logged |= m.find("Using MARLIN Fp8 MoE backend") != std::string::npos;
+  EXPECT_TRUE(logged) << "the W8A16 choice is not logged";
+}
+
+// =================================================================================================
 // Pitfalls 25 and 30: an explicit backend or kernel that cannot run the layer fails when the layer
 // is built, naming it and why; a kernel override is honoured for every M or refused.
 // =================================================================================================
