@@ -283,7 +283,7 @@ std::vector<ExactCase> exact_cases() {
 
 class CudaExact : public ::testing::TestWithParam<ExactCase> {};
 
-TEST_P(CudaExact, BitwiseOnEveryPath) {
+TEST_P(CudaExact, BitwiseOnEveryPath) {  // pitfalls 6, 36
   SKIP_WITHOUT_GPU();
   const ExactCase& c = GetParam();
   MoeTestProblem p;
@@ -521,7 +521,7 @@ MoeTestProblem first_tokens(const MoeTestProblem& p, int64_t n) {
 
 class CudaStatistical : public ::testing::TestWithParam<StatCase> {};
 
-TEST_P(CudaStatistical, WithinVllmToleranceOnEveryPath) {
+TEST_P(CudaStatistical, WithinVllmToleranceOnEveryPath) {  // pitfall 7 (the odd_N33 case)
   SKIP_WITHOUT_GPU();
   const StatCase& c = GetParam();
   const MoeTestProblem p = testing::make_problem(c.spec);
@@ -550,7 +550,7 @@ INSTANTIATE_TEST_SUITE_P(Cases, CudaStatistical, ::testing::ValuesIn(stat_cases(
 
 // ---- graph capture, determinism, edges ---------------------------------------------------------
 
-TEST(CudaFusedMoe, GraphCaptureReplaysTheSameResult) {
+TEST(CudaFusedMoe, GraphCaptureReplaysTheSameResult) {  // pitfall 33
   SKIP_WITHOUT_GPU();
   for (Path path : kAllPaths) {
     MoeTestSpec s = base_stat(24, 16, 512, 256, 4, 11);
@@ -590,7 +590,7 @@ TEST(CudaFusedMoe, GraphCaptureReplaysTheSameResult) {
   }
 }
 
-TEST(CudaFusedMoe, DeterministicAcrossRuns) {
+TEST(CudaFusedMoe, DeterministicAcrossRuns) {  // pitfall 35 (run to run only)
   SKIP_WITHOUT_GPU();
   MoeTestSpec s = base_stat(32, 64, 1024, 256, 8, 5);
   s.routing_config.method = RoutingMethodType::kRenormalizeNaive;
@@ -604,7 +604,7 @@ TEST(CudaFusedMoe, DeterministicAcrossRuns) {
   }
 }
 
-TEST(CudaFusedMoe, ZeroTokens) {
+TEST(CudaFusedMoe, ZeroTokens) {  // pitfall 21
   SKIP_WITHOUT_GPU();
   MoeTestSpec s = base_exact(0, 8, 256, 128, 2);
   const MoeTestProblem p = testing::make_problem(s);

@@ -197,7 +197,7 @@ void rewrite_example(const std::string& src, const std::string& dst, const std::
   std::ofstream(dst + "/config.json") << slurp(src + "/config.json");
 }
 
-TEST_F(ExampleCheckpoint, MissingExpertScaleIsNamed) {
+TEST_F(ExampleCheckpoint, MissingExpertScaleIsNamed) {  // pitfall 37
   TempDir d;
   const std::string victim = "model.layers.1.mlp.experts.5.down_proj.weight_scale_inv";
   rewrite_example(path(), d.path(), victim, nullptr);
@@ -212,7 +212,7 @@ TEST_F(ExampleCheckpoint, MissingExpertScaleIsNamed) {
   EXPECT_NO_THROW(load_moe_layer(ck, m, 1, sh, place_experts(8, 2, 0)));
 }
 
-TEST_F(ExampleCheckpoint, MalformedExpertTensorsAreNamed) {
+TEST_F(ExampleCheckpoint, MalformedExpertTensorsAreNamed) {  // pitfall 37
   TempDir d;
   const std::string victim = "model.layers.0.mlp.experts.2.up_proj.weight";
   const ShardedTensor wrong{

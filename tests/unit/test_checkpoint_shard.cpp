@@ -400,7 +400,7 @@ TEST(TpShard, InconsistentDecisionsAreRejected) {
 // ---- EP placement (pitfall 22)
 // -------------------------------------------------------------------------
 
-TEST(ExpertPlacement, LinearIsContiguousAndBalanced) {
+TEST(ExpertPlacement, LinearIsContiguousAndBalanced) {  // pitfall 22
   const std::vector<int> expect = {22, 22, 21, 21, 21, 21};
   std::vector<int> owner(128, -1);
   int next = 0;

@@ -244,7 +244,7 @@ TEST(CpuExperts, SupportQueriesSayWhatEachKernelComputes) {
 // ---- exact mode
 // ----------------------------------------------------------------------------------
 
-TEST(CpuExpertsExact, BlockSchemes) {
+TEST(CpuExpertsExact, BlockSchemes) {  // pitfalls 6, 12, 36
   for (bool w8a8 : {false, true}) {
     for (int64_t b : {128, 64, 32}) {
       expect_exact(small_spec(block_scheme(b, w8a8), 10 + b), w8a8);
@@ -253,7 +253,7 @@ TEST(CpuExpertsExact, BlockSchemes) {
   expect_exact(small_spec(block_scheme(128, true, /*ue8m0=*/true), 11), true);
 }
 
-TEST(CpuExpertsExact, PerTensorAndPerChannelSchemes) {
+TEST(CpuExpertsExact, PerTensorAndPerChannelSchemes) {  // pitfall 9
   // W8A16 over per-tensor (one scale, and one per gate/up shard) and per-channel weights.
   expect_exact(small_spec(scheme(WeightScaleKind::kPerTensor, ActQuantKind::kNone), 20), false);
   MoeTestSpec shard = small_spec(scheme(WeightScaleKind::kPerTensor, ActQuantKind::kNone), 21);
@@ -274,7 +274,7 @@ TEST(CpuExpertsExact, PerTensorAndPerChannelSchemes) {
   expect_exact(small_spec(grp, 26), true);
 }
 
-TEST(CpuExpertsExact, Activations) {
+TEST(CpuExpertsExact, Activations) {  // pitfalls 17, 18
   struct Case {
     MoeActivation act;
     std::optional<double> clamp;
@@ -330,7 +330,7 @@ TEST(CpuExpertsExact, DtypesBiasesAndRouterWeightOnInput) {
   }
 }
 
-TEST(CpuExpertsExact, RoutingGeneratorsAndEdgeCases) {
+TEST(CpuExpertsExact, RoutingGeneratorsAndEdgeCases) {  // pitfalls 21, 24
   // The routing generators and edge cases, shared out between the two kernels (the grouping and
   // the reduction are common code; uniform routing runs in every other test).
   uint64_t seed = 60;

@@ -257,7 +257,7 @@ void check_tile(Isa isa, TileProblem p, uint32_t seed) {
   }
 }
 
-TEST_P(CpuKernels, GemmTileExactModeIsBitwise) {
+TEST_P(CpuKernels, GemmTileExactModeIsBitwise) {  // pitfall 6
   for (int R : {1, 2, 3, 4, 5, 6, 7, 8, 13}) {
     for (bool w_scales : {false, true}) {
       for (bool a_scales : {false, true}) {

@@ -497,7 +497,7 @@ std::vector<Case> cases() {
   // clang-format on
 }
 
-TEST(Experts, EveryPredicateWithVllmReasons) {
+TEST(Experts, EveryPredicateWithVllmReasons) {  // pitfall 28
   int n = 0;
   for (const Case& c : cases()) {
     SCOPED_TRACE(::testing::Message() << c.kernel << ": " << c.label << " on " << c.platform);

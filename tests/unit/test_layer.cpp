@@ -158,7 +158,7 @@ TEST(Layer, OracleChoiceAgreesWithTheReference) {
       << layer.plan().implementation << ": max abs " << chk.vs_reference.max_abs_err;
 }
 
-TEST(Layer, RefinedTp4RanksSumToTp1) {
+TEST(Layer, RefinedTp4RanksSumToTp1) {  // pitfall 3 (I=640, TP 4 refines)
   const Tensor x = randn_bf16(9, 256, 0.1f, 5);
   const Tensor logits = randn_f32(9, 8, 1.0f, 6);
   Fp8MoeLayer whole = Fp8MoeLayer::from_checkpoint(example_dir(), {}, ref_options());
@@ -196,7 +196,7 @@ TEST(Layer, RefinedTp4RanksSumToTp1) {
   EXPECT_FALSE(testing::compare_bitwise(summed, full).ok);
 }
 
-TEST(Layer, PaddedTp8RanksSumToTp1) {
+TEST(Layer, PaddedTp8RanksSumToTp1) {  // pitfalls 3 and 8
   const Tensor x = randn_bf16(6, 256, 0.1f, 7);
   const Tensor logits = randn_f32(6, 8, 1.0f, 8);
   Fp8MoeLayer whole = Fp8MoeLayer::from_checkpoint(example_dir(), {}, ref_options());
@@ -232,7 +232,7 @@ TEST(Layer, PaddedTp8RanksSumToTp1) {
   EXPECT_TRUE(c.ok) << c.str();
 }
 
-TEST(Layer, Tp8WithoutAnExplicitBackendIsRejectedWithTheHint) {
+TEST(Layer, Tp8WithoutAnExplicitBackendIsRejectedWithTheHint) {  // pitfall 3
   CheckpointLayerRequest req;
   req.tp_size = 8;
   EXPECT_TRUE(throws_with<ValueError>(
@@ -267,7 +267,7 @@ TEST(Layer, ExpertParallelRanksSumToTp1) {
   EXPECT_TRUE(testing::compare_close(summed, full, 0.035, 0.035).ok);
 }
 
-TEST(Layer, ChunkedForwardEqualsOneCall) {
+TEST(Layer, ChunkedForwardEqualsOneCall) {  // pitfall 32
   Fp8MoeLayerOptions o = ref_options();
   o.max_num_tokens = 8;
   Fp8MoeLayer chunked = Fp8MoeLayer::from_checkpoint(example_dir(), {}, o);
@@ -358,7 +358,7 @@ TEST(Layer, BadInputsAreNamed) {
       [&] { Fp8MoeLayer::from_checkpoint(example_dir(), req, ref_options()); }, {"rank 2"}));
 }
 
-TEST(Layer, Mi300PlanNormalisesTheWeightsToFnuz) {
+TEST(Layer, Mi300PlanNormalisesTheWeightsToFnuz) {  // pitfall 14
   Fp8MoeLayerOptions o = ref_options();
   o.platform = Platform::parse("rocm:gfx942");
   Fp8MoeLayer layer = Fp8MoeLayer::from_checkpoint(example_dir(), {}, o);
@@ -500,7 +500,7 @@ TEST(KernelFormat, TheTable) {
   }
 }
 
-TEST(KernelFormat, W31WeightsAreRejectedByACanonicalKernel) {
+TEST(KernelFormat, W31WeightsAreRejectedByACanonicalKernel) {  // pitfall 27
   CallerLayer c = make_caller_layer(2, 256, 256, 1, 1, 0, {128, 128});
   KernelFormatContext ctx;
   const auto fi = convert_to_fp8_moe_kernel_format(Fp8MoeBackend::kFlashinferCutlass, ctx);
@@ -539,7 +539,7 @@ TEST(KernelFormat, W31WeightsAreRejectedByACanonicalKernel) {
       {"w31-block-major-k"}));
 }
 
-TEST(KernelFormat, PerTensorShardScalesAreRequantisedToTheirMax) {
+TEST(KernelFormat, PerTensorShardScalesAreRequantisedToTheirMax) {  // pitfall 10
   // Two experts, gate and up with different per-tensor scales.
   const int64_t E = 2, W = 64, H = 128;
   std::mt19937_64 rng(5);
@@ -587,7 +587,7 @@ TEST(KernelFormat, PerTensorShardScalesAreRequantisedToTheirMax) {
   }
 }
 
-TEST(KernelFormat, DeepGemmE8m0RequantisesToPowerOfTwoScales) {
+TEST(KernelFormat, DeepGemmE8m0RequantisesToPowerOfTwoScales) {  // pitfall 12
   CallerLayer c = make_caller_layer(2, 256, 256, 1, 1, 0, {128, 128});
   KernelFormatContext ctx;
   ctx.deep_gemm_e8m0 = true;
@@ -607,7 +607,7 @@ TEST(KernelFormat, DeepGemmE8m0RequantisesToPowerOfTwoScales) {
 // ---- per-M dispatch (simulated platforms: plans only)
 // --------------------------------------------
 
-TEST(LayerDispatch, TritonOrDeepGemmByM) {
+TEST(LayerDispatch, TritonOrDeepGemmByM) {  // pitfalls 12, 31
   CallerLayer c = make_caller_layer(8, 1024, 1024, 2, 1, 0, {128, 128}, false);
   Fp8MoeLayerOptions o;
   o.platform = Platform::parse("cuda:90");
@@ -656,7 +656,7 @@ TEST(LayerDispatch, CutlassSmallMFallbackOnSm100) {
   EXPECT_EQ(p90.dispatch(1).kernel_class, "CutlassExpertsFp8");
 }
 
-TEST(LayerPlan, ScaleFmtUe8m0GivesPowerOfTwoActivationScales) {
+TEST(LayerPlan, ScaleFmtUe8m0GivesPowerOfTwoActivationScales) {  // pitfall 13
   CallerLayer c = make_caller_layer(4, 256, 256, 2, 1, 0, {128, 128}, false);
   c.spec.quant = fp8_block_checkpoint_quant(128, 128, true);
   const Fp8MoeLayerPlan p = plan_fp8_moe_layer(c.spec, ref_options());

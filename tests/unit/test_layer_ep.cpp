@@ -136,7 +136,7 @@ TEST(LayerExpertParallel, EqualsSingleRankBitForBit) {
   }
 }
 
-TEST(LayerExpertParallel, BatchedFormatWithTheReference) {
+TEST(LayerExpertParallel, BatchedFormatWithTheReference) {  // pitfall 23
   const int64_t M = 9, H = 256, E = 8;
   const Tensor x = randn(M, H, DType::kBF16, 0.1f, 5);
   const Tensor logits = randn(M, E, DType::kF32, 1.0f, 6);

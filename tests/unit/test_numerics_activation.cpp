@@ -36,7 +36,7 @@ TEST(NumericsActivation, ScalarClosedForms) {
   EXPECT_NEAR(silu<float>(2.0f), 1.7615942f, 1e-6f);
 }
 
-TEST(NumericsActivation, SiluRoundsTwice) {
+TEST(NumericsActivation, SiluRoundsTwice) {  // pitfall 36
   // h = bf16(bf16(silu(g)) * u); gate first half, up second half.
   const std::vector<float> y = {2.0f, -1.0f, 3.0f, 0.5f};
   const auto h = act(cfg(MoeActivation::kSilu), y, 2);
@@ -64,7 +64,7 @@ TEST(NumericsActivation, SiluRoundsTwice) {
   EXPECT_EQ(f[0], static_cast<float>(static_cast<float>(1.7615941559557646) * 3.0));
 }
 
-TEST(NumericsActivation, SiluWithClampIgnoresAlphaBeta) {
+TEST(NumericsActivation, SiluWithClampIgnoresAlphaBeta) {  // pitfall 17
   ActivationConfig c = cfg(MoeActivation::kSilu);
   c.clamp_limit = 1.5;
   c.alpha = 3.0;  // unused by swiglu_limit_func

@@ -58,7 +58,7 @@ TEST(NumericsQuant, GroupScaleIsAmaxOver448) {
   }
 }
 
-TEST(NumericsQuant, GroupUe8m0ScaleIsPowerOfTwoRoundedUp) {
+TEST(NumericsQuant, GroupUe8m0ScaleIsPowerOfTwoRoundedUp) {  // pitfall 12
   const auto x = randn(128, 3.0f, 7);
   std::vector<uint8_t> q(x.size());
   const float s = quantize_group_fp8(x.data(), 128, q.data(), kFn, /*ue8m0=*/true);
@@ -254,7 +254,7 @@ TEST(NumericsQuant, TensorLevelActivationQuantisers) {
   ASSERT_EQ(pt.scale.sizes(), (std::vector<int64_t>{4}));
 }
 
-TEST(NumericsQuant, FnuzUses224AndNormalisationKeepsValues) {
+TEST(NumericsQuant, FnuzUses224AndNormalisationKeepsValues) {  // pitfall 14
   EXPECT_EQ(quant_fp8_max(kFnuz), 224.0f);
   const auto x = randn(64, 1.0f, 2);
   std::vector<uint8_t> q(64);

@@ -136,7 +136,7 @@ TEST(MoeConfig, BadSizesAreOneLineValueErrors) {
   EXPECT_EQ(err(d), "ValueError: intermediate_size 700 is not divisible by tp_size 8");
 }
 
-TEST(MoeConfig, NonGatedNeedsCudaAlikeOrXpu) {
+TEST(MoeConfig, NonGatedNeedsCudaAlikeOrXpu) {  // pitfall 18
   Deploy d;
   d.act = MoeActivation::kSiluNoMul;
   const MoeConfig c = d.build();

@@ -28,7 +28,7 @@ TEST(OracleDiffFixes, CutlassRemovalIsExplained) {
 
 // FusedMoEConfig.__post_init__ refuses non-gated activations off CUDA/ROCm/XPU: every entry point
 // that builds a configuration (select, support, resolve-block) goes through this check.
-TEST(OracleDiffFixes, NonGatedOffGpuRefusedEverywhere) {
+TEST(OracleDiffFixes, NonGatedOffGpuRefusedEverywhere) {  // pitfall 18
   Deploy d;
   d.act = MoeActivation::kRelu2NoMul;
   d.tp = 4;

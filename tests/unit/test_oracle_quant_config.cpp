@@ -34,7 +34,7 @@ Fp8QuantConfigInputs block_inputs() {
   return in;
 }
 
-TEST(QuantConfig, CpuW8A8CarriesNoBiasesNorSwiglu) {
+TEST(QuantConfig, CpuW8A8CarriesNoBiasesNorSwiglu) {  // pitfall 17
   Fp8QuantConfigInputs in = block_inputs();
   in.a1_scale = Tensor::scalar_f32(0.5f);
   in.a2_scale = Tensor::scalar_f32(0.25f);

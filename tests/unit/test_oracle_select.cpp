@@ -158,7 +158,7 @@ TEST(Backend, KernelClassesPerBackend) {
 
 // ---- the reorder rules -------------------------------------------------------------------------
 
-TEST(Priority, BaseOrderAndTheFourRules) {
+TEST(Priority, BaseOrderAndTheFourRules) {  // pitfall 28
   Deploy tp;
   Deploy ep8;
   ep8.tp = 8;
@@ -216,7 +216,7 @@ TEST(Priority, BaseOrderAndTheFourRules) {
 
 // ---- the auto scan -----------------------------------------------------------------------------
 
-TEST(Select, AutoScanOutcomes) {
+TEST(Select, AutoScanOutcomes) {  // pitfall 28
   Deploy tp4;
   tp4.tp = 4;
   Deploy ep8;
@@ -315,7 +315,7 @@ TEST(Select, AutoScanOutcomes) {
   }
 }
 
-TEST(Select, NoBackendRaisesOnCudaAndRocm) {
+TEST(Select, NoBackendRaisesOnCudaAndRocm) {  // pitfall 26
   Deploy relu2;
   relu2.act = MoeActivation::kRelu2;
   for (const char* p : {"cuda:90", "cuda:70", "rocm:gfx942", "rocm:gfx1201"}) {
@@ -363,7 +363,7 @@ TEST(Select, CutlassGate) {
   EXPECT_EQ(r.kernel, "CutlassBatchedExpertsFp8");
 }
 
-TEST(Select, ExplicitBackend) {
+TEST(Select, ExplicitBackend) {  // pitfall 25
   const auto explicit_run = [](const char* backend, Deploy d, const Platform& p,
                                OptQuantKey w = W128, OptQuantKey a = A128,
                                const OracleEnv& env = {}) {
@@ -499,7 +499,7 @@ TEST(Select, DeepGemmEnvCombinations) {
   }
 }
 
-TEST(Select, DeepGemmForcedPaths) {
+TEST(Select, DeepGemmForcedPaths) {  // pitfall 30
   const OracleEnv on = env_of({{"VLLM_USE_DEEP_GEMM", "1"}});
   // Forced onto a configuration DeepGEMM cannot run: ValueError, no fallback.
   EXPECT_EQ(run(Deploy{}, plat("cuda:90"), on, kFp8StaticTensorSym, kFp8StaticTensorSym).error,
@@ -640,7 +640,7 @@ TEST(Select, LogUnsupportedForms) {
   EXPECT_EQ(python_list_repr({}), "[]");
 }
 
-TEST(Select, ProgressHoldsTheTraceOnError) {
+TEST(Select, ProgressHoldsTheTraceOnError) {  // pitfall 26
   Deploy relu2;
   relu2.act = MoeActivation::kRelu2;
   Selection progress;

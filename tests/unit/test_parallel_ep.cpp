@@ -113,7 +113,7 @@ MoeTestSpec base_spec(MoeTestMode mode) {
   return s;
 }
 
-TEST(ExpertParallel, ExactModeEqualsSingleRankBitForBit) {
+TEST(ExpertParallel, ExactModeEqualsSingleRankBitForBit) {  // pitfalls 23, 24
   const std::vector<EpCase> cases = {
       {1, {13}, EpExpertsFormat::kStandard},
       {2, {7, 6}, EpExpertsFormat::kStandard},
@@ -158,7 +158,7 @@ TEST(ExpertParallel, StatisticalModeWithinTolerance) {
   }
 }
 
-TEST(ExpertParallel, EmptyBatchOnEveryRank) {
+TEST(ExpertParallel, EmptyBatchOnEveryRank) {  // pitfall 21
   MoeTestSpec spec = base_spec(MoeTestMode::kExact);
   spec.M = 0;
   const MoeTestProblem p = testing::make_problem(spec);
@@ -200,7 +200,7 @@ TEST(ExpertParallel, OneBadRankFailsEveryRankWithoutHanging) {
   EXPECT_NE(errors[0].find("failed on rank 1"), std::string::npos) << errors[0];
 }
 
-TEST(ExpertParallel, LayoutIsBalancedAndMapsAreConsistent) {
+TEST(ExpertParallel, LayoutIsBalancedAndMapsAreConsistent) {  // pitfall 22
   const EpLayout l = EpLayout::linear(128, 6);
   std::vector<int> counts;
   for (int r = 0; r < 6; ++r) counts.push_back(l.num_local(r));

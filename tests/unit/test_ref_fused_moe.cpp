@@ -203,8 +203,8 @@ TEST(RefFusedMoeExact, EverySchemeWithSilu) {
   }
 }
 
-TEST(RefFusedMoeExact, EveryExactActivation) {
-  MoeScheme group;  // block 128, group 128
+TEST(RefFusedMoeExact, EveryExactActivation) {  // pitfall 18
+  MoeScheme group;                              // block 128, group 128
   MoeScheme ue8m0 = group;
   ue8m0.ue8m0_scales = true;
   struct A {
@@ -310,7 +310,7 @@ TEST(RefFusedMoe, ExpertParallelRanksSumToTheWhole) {
   for (int64_t i = 0; i < whole.numel(); ++i) EXPECT_EQ(sum[i], out_at(whole, i)) << i;
 }
 
-TEST(RefFusedMoe, PaddedSlotsContributeNothing) {
+TEST(RefFusedMoe, PaddedSlotsContributeNothing) {  // pitfall 24
   MoeTestSpec s = exact_spec(MoeScheme{}, MoeActivation::kSilu, 7);
   s.padded_slots = 5;
   const MoeTestProblem p = make_problem(s);
@@ -332,7 +332,7 @@ TEST(RefFusedMoe, PaddedSlotsContributeNothing) {
   for (int64_t i = 0; i < z.numel(); ++i) EXPECT_EQ(out_at(z, i), 0.0f);
 }
 
-TEST(RefFusedMoe, EmptyBatchAndUnusedExperts) {
+TEST(RefFusedMoe, EmptyBatchAndUnusedExperts) {  // pitfall 21
   MoeTestSpec s;
   s.M = 0;
   MoeTestProblem p = make_problem(s);
@@ -413,7 +413,7 @@ TEST(RefFusedMoe, FusedSiluQuantKeepsFp32AndDropsTheClamp) {
   EXPECT_GT(compare_close(reference_output(p), fused, 0, 0).mean_rel_abs_err, 0.5);
 }
 
-TEST(RefFusedMoe, RefinedBlockScalesAreLossless) {
+TEST(RefFusedMoe, RefinedBlockScalesAreLossless) {  // pitfall 6
   // Refining 128x128 weight scales to 64x64 (repeat_interleave) changes nothing while the
   // activations keep their 1x128 groups; moving activations to 1x64 groups changes a little.
   MoeTestSpec s;
@@ -515,7 +515,7 @@ TEST(RefFusedMoe, Fp8ErrorAgainstTheUnquantisedLayer) {
 // the same way; an implementation written differently from the reference (whole-tensor
 // quantisers, dequantised matrices, bf16 weighted sum as in torch_w8a8_block_fp8_moe) must land
 // within atol = rtol = 0.035.
-TEST(RefFusedMoe, AgreesWithVllmStyleTorchReference) {
+TEST(RefFusedMoe, AgreesWithVllmStyleTorchReference) {  // pitfall 36
   MoeTestSpec s;
   s.M = 33;
   s.E = 8;

@@ -72,7 +72,7 @@ TEST(RefScheme, FromQuantConfig) {
   EXPECT_THROW(MoeScheme::from_quant_config(mixed), ValueError);
 }
 
-TEST(RefScheme, GarbageInUnroutedRowsDoesNotLeak) {
+TEST(RefScheme, GarbageInUnroutedRowsDoesNotLeak) {  // pitfall 20
   // Tokens whose every slot is padded may hold NaN (torch.empty garbage); the other rows must be
   // bit-identical to a clean run, for per-group and for per-tensor dynamic activations (whose
   // fmaxf amax drops NaN).
