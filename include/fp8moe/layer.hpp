@@ -195,9 +195,11 @@ struct Fp8MoeLayerOptions {
   OracleEnv env{};                   // the vLLM variables the oracle reads (default: none set)
   // fp8moe's kernel override (not vLLM's --moe-backend): "" = the oracle's choice; "ref" = the
   // float64 reference; or an implementation name of the registry ("cpu_w8a16", "cuda_fused", ...).
-  // The plan, quant config and weight preparation stay the oracle's (the reference computes the
-  // selected backend's scheme); with the oracle's choice NONE they follow the generic fp8_w8a8
-  // branch of make_fp8_moe_quant_config.
+  // With "ref" the plan, quant config and weight preparation stay the oracle's (the reference
+  // computes the selected backend's scheme; with the oracle's choice NONE, the generic fp8_w8a8
+  // branch of make_fp8_moe_quant_config). With an implementation name the quant config follows
+  // that kernel's own backend (cpu_w8a16 on a W8A8 plan runs fp8_w8a16), and the oracle's
+  // selection errors become plan notes: the override wins.
   std::string kernel;
   // Where the weights live and forward runs; unset: where the chosen implementation runs (cuda:0
   // for a CUDA kernel, the host otherwise).
