@@ -352,7 +352,13 @@ void Fp8MoeLayer::init_workspace() {
       if (!c.impl || !c.impl->workspace_size) continue;
       const FusedMoeArgs a = make_args(rows_of(x.view(), 0, m), rows_of(logits.view(), 0, m),
                                        rows_of(out.view(), 0, m));
-      bytes = std::max(bytes, c.impl->workspace_size(a));
+      // An implementation that cannot take this call (cuda_grouped: bf16 activations only)
+      // needs no workspace for it: the same call's forward raises its error.
+      try {
+        bytes = std::max(bytes, c.impl->workspace_size(a));
+      } catch (const Error&) {
+        continue;
+      }
     }
   }
   st.ws_bytes = bytes;
