@@ -10,6 +10,7 @@
 #include <thread>
 #include <vector>
 
+#include "fp8moe/backend.hpp"
 #include "fp8moe/checkpoint.hpp"
 #include "fp8moe/error.hpp"
 #include "fp8moe/layer.hpp"
@@ -46,6 +47,11 @@ Tensor rows_of(const Tensor& t, int64_t first, int64_t n) {
   return r;
 }
 
+// The single-rank layer the ranks are compared with runs the ranks' backend: with EP the oracle
+// moves other backends ahead of TRITON (rule 2: DEEPGEMM on an H200 with this binary), and
+// DEEPGEMM's weight preparation requantises w13 and w2 to UE8M0 block scales when
+// is_deep_gemm_e8m0_used() holds (vLLM's default there), so an EP rank on DEEPGEMM and a single
+// rank on TRITON legitimately differ by a few percent (measured: 5.5% mean relative error).
 TEST(EpLayerCuda, SimulatedRanksOnOneGpuMatchTheSingleRankLayer) {
   if (!have_gpu()) GTEST_SKIP() << "no GPU";
   test::TempDir dir;
@@ -54,14 +60,9 @@ TEST(EpLayerCuda, SimulatedRanksOnOneGpuMatchTheSingleRankLayer) {
   write_example_checkpoint(dir.path(), spec);
   Fp8MoeLayerOptions opts;
   opts.device = Device::cuda(0);
-  for (const int64_t M : {int64_t{5}, int64_t{200}}) {
-    const Tensor x = randn(M, 256, DType::kBF16, 0.1f, 11 + M);
-    const Tensor logits = randn(M, 8, DType::kF32, 1.0f, 12 + M);
-    CheckpointLayerRequest one;
-    const Fp8MoeLayer single = Fp8MoeLayer::from_checkpoint(dir.path(), one, opts);
-    if (single.device().is_cpu()) GTEST_SKIP() << "the oracle's kernel runs on the host here";
-    Tensor want = single.forward(x.to(Device::cuda(0)), logits.to(Device::cuda(0)));
-    want = want.to(Device::cpu());
+  int compared = 0;
+  // "triton": the ranks run TRITON like the single rank; "auto": the oracle's EP choice.
+  for (const char* rank_backend : {"triton", "auto"}) {
     for (const int ep : {2, 4}) {
       std::vector<Fp8MoeLayer> layers;
       for (int r = 0; r < ep; ++r) {
@@ -69,45 +70,68 @@ TEST(EpLayerCuda, SimulatedRanksOnOneGpuMatchTheSingleRankLayer) {
         req.tp_size = ep;
         req.rank = r;
         req.enable_ep = true;
+        req.moe_backend = rank_backend;
         layers.push_back(Fp8MoeLayer::from_checkpoint(dir.path(), req, opts));
       }
-      auto group = make_in_process_group(ep);
-      std::vector<Tensor> outs(ep);
-      std::vector<std::string> errors(ep);
-      std::vector<std::thread> threads;
-      int64_t first = 0;
-      for (int r = 0; r < ep; ++r) {
-        const int64_t n = M / ep + (r < M % ep ? 1 : 0);
-        outs[r] = Tensor::empty({n, 256}, DType::kBF16);
-        threads.emplace_back([&, r, first, n] {
-          try {
-            cudaSetDevice(0);
-            forward_expert_parallel(layers[r], *group[r], rows_of(x, first, n),
-                                    rows_of(logits, first, n), outs[r]);
-          } catch (const std::exception& e) {
-            errors[r] = e.what();
-          }
-        });
-        first += n;
+      if (layers[0].device().is_cpu()) GTEST_SKIP() << "the oracle's kernel runs on the host here";
+      const Fp8MoeBackend chosen = layers[0].plan().selection.backend;
+      CheckpointLayerRequest one;
+      if (chosen == Fp8MoeBackend::kTriton) {
+        one.moe_backend = "triton";
+      } else if (chosen == Fp8MoeBackend::kDeepGemm) {
+        one.moe_backend = "deep_gemm";
+      } else {
+        std::printf("EP %d with --moe-backend %s runs %s: no single-rank layer to compare with\n",
+                    ep, rank_backend, backend_value(chosen).c_str());
+        continue;
       }
-      for (auto& t : threads) t.join();
-      for (int r = 0; r < ep; ++r) ASSERT_EQ(errors[r], "") << "ep " << ep << " rank " << r;
-      Tensor got = Tensor::empty({M, 256}, DType::kBF16);
-      std::size_t off = 0;
-      for (const Tensor& o : outs) {
-        if (o.nbytes()) std::memcpy(static_cast<char*>(got.data()) + off, o.data(), o.nbytes());
-        off += o.nbytes();
+      const Fp8MoeLayer single = Fp8MoeLayer::from_checkpoint(dir.path(), one, opts);
+      for (const int64_t M : {int64_t{5}, int64_t{200}}) {
+        const Tensor x = randn(M, 256, DType::kBF16, 0.1f, 11 + M);
+        const Tensor logits = randn(M, 8, DType::kF32, 1.0f, 12 + M);
+        const Tensor want =
+            single.forward(x.to(Device::cuda(0)), logits.to(Device::cuda(0))).to(Device::cpu());
+        std::vector<Tensor> outs(ep);
+        std::vector<std::string> errors(ep);
+        std::vector<std::thread> threads;
+        auto group = make_in_process_group(ep);
+        int64_t first = 0;
+        for (int r = 0; r < ep; ++r) {
+          const int64_t n = M / ep + (r < M % ep ? 1 : 0);
+          outs[r] = Tensor::empty({n, 256}, DType::kBF16);
+          threads.emplace_back([&, r, first, n] {
+            try {
+              cudaSetDevice(0);
+              forward_expert_parallel(layers[r], *group[r], rows_of(x, first, n),
+                                      rows_of(logits, first, n), outs[r]);
+            } catch (const std::exception& e) {
+              errors[r] = e.what();
+            }
+          });
+          first += n;
+        }
+        for (auto& t : threads) t.join();
+        for (int r = 0; r < ep; ++r) ASSERT_EQ(errors[r], "") << "ep " << ep << " rank " << r;
+        Tensor got = Tensor::empty({M, 256}, DType::kBF16);
+        std::size_t off = 0;
+        for (const Tensor& o : outs) {
+          if (o.nbytes()) std::memcpy(static_cast<char*>(got.data()) + off, o.data(), o.nbytes());
+          off += o.nbytes();
+        }
+        const OutputComparison c = compare_outputs(got, want);
+        std::printf(
+            "EP %d on one GPU (%s; single rank %s), M = %lld: %lld of %lld values differ in bits, "
+            "max |err| %g, mean relative %g\n",
+            ep, layers[0].kernel_for(M).impl_name.c_str(), single.kernel_for(M).impl_name.c_str(),
+            static_cast<long long>(M), static_cast<long long>(c.bitwise_mismatches),
+            static_cast<long long>(c.count), c.max_abs_err, c.mean_rel_abs_err);
+        EXPECT_TRUE(c.allclose) << "ep " << ep << " M " << M << ": max |err| " << c.max_abs_err;
+        EXPECT_LT(c.mean_rel_abs_err, 0.01) << "ep " << ep << " M " << M;
+        ++compared;
       }
-      const OutputComparison c = compare_outputs(got, want);
-      std::printf(
-          "EP %d on one GPU (%s), M = %lld: %lld of %lld values differ in bits, max |err| %g\n", ep,
-          single.kernel_for(M).impl_name.c_str(), static_cast<long long>(M),
-          static_cast<long long>(c.bitwise_mismatches), static_cast<long long>(c.count),
-          c.max_abs_err);
-      EXPECT_TRUE(c.allclose) << "ep " << ep << " M " << M << ": max |err| " << c.max_abs_err;
-      EXPECT_LT(c.mean_rel_abs_err, 0.01);
     }
   }
+  EXPECT_GT(compared, 0);
 }
 
 }  // namespace
