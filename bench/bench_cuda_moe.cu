@@ -10,7 +10,7 @@
 // measured ceilings. Output: a table on stdout and a CSV (--csv FILE).
 //
 //   bench_cuda_moe [--quick] [--csv FILE] [--shape NAME] [--m LIST] [--path
-//   auto|generic|wgmma|stream[,...]]   (a list measures each path that takes the problem)
+//   auto|generic|wgmma|stream|grouped[,...]]   (a list measures each path that takes the problem)
 #include <cublasLt.h>
 #include <cuda_runtime.h>
 
@@ -323,6 +323,8 @@ int main(int argc, char** argv) {
       paths.push_back(cuda::Path::kWgmma);
     else if (n == "stream")
       paths.push_back(cuda::Path::kStream);
+    else if (n == "grouped")
+      paths.push_back(cuda::Path::kGrouped);
     else if (n == "auto")
       paths.push_back(cuda::Path::kAuto);
     else {
@@ -463,7 +465,8 @@ int main(int argc, char** argv) {
         };
         const Cand cands[] = {{cuda::Path::kGeneric, "generic"},
                               {cuda::Path::kWgmma, "wgmma"},
-                              {cuda::Path::kStream, "stream"}};
+                              {cuda::Path::kStream, "stream"},
+                              {cuda::Path::kGrouped, "grouped"}};
         float best_us = 1e30f;
         cuda::TunedConfig best;
         for (const Cand& c : cands) {
@@ -567,19 +570,22 @@ int main(int argc, char** argv) {
                           20) /
                       L;
           // GEMM-only: precomputed routing; generic/wgmma paths launch only the two GEMM kernels
-          // over each layer's workspace, filled by an untimed run first
-          for (int l = 0; l < L; ++l) impl.run(make_args(l, true), ws[l]);
-          CK(cudaStreamSynchronize(st));
-          cuda::set_bench_gemm_only(true);  // stream: GEMM1 + GEMM2 (+ top-k sum)
-          r.gemm_us = 1000.0f *
-                      time_graph(
-                          st,
-                          [&] {
-                            for (int l = 0; l < L; ++l) impl.run(make_args(l, true), ws[l]);
-                          },
-                          20) /
-                      L;
-          cuda::set_bench_gemm_only(false);
+          // over each layer's workspace, filled by an untimed run first. The grouped path has no
+          // GEMM-only mode here (bench_cuda_grouped times its GEMMs): gemm_us stays 0.
+          if (r.path != std::string("grouped")) {
+            for (int l = 0; l < L; ++l) impl.run(make_args(l, true), ws[l]);
+            CK(cudaStreamSynchronize(st));
+            cuda::set_bench_gemm_only(true);  // stream: GEMM1 + GEMM2 (+ top-k sum)
+            r.gemm_us = 1000.0f *
+                        time_graph(
+                            st,
+                            [&] {
+                              for (int l = 0; l < L; ++l) impl.run(make_args(l, true), ws[l]);
+                            },
+                            20) /
+                        L;
+            cuda::set_bench_gemm_only(false);
+          }
         } catch (const std::exception& e) {
           std::printf("%s M=%lld: %s\n", sh.name, (long long)M, e.what());
           cuda::set_bench_gemm_only(false);

@@ -138,7 +138,7 @@ fi
 if [ -n "$NCU_ARGS" ]; then
   stamp "ncu"
   # shellcheck disable=SC2086
-  timeout 300 ncu --clock-control none -k 'regex:moe_decode_kernel|moe_gemm_wgmma_kernel|moe_gemm_mma_kernel|moe_stream|moe_route' \
+  timeout 300 ncu --clock-control none -k 'regex:moe_decode_kernel|moe_gemm_wgmma_kernel|moe_gemm_mma_kernel|moe_stream|moe_route|grouped_gemm' \
     ${NCU_SECTIONS:---section SpeedOfLight --section MemoryWorkloadAnalysis --section WarpStateStats \
     --section LaunchStats --section Occupancy --section SourceCounters} --print-details all \
     "$BENCH" --ncu $NCU_ARGS >"$OUT/ncu.log" 2>&1

@@ -5,9 +5,10 @@
 // no allocation (graph-capturable):
 //   route (when no topk ids are given) -> moe_align -> quantise x -> GEMM1 (+bias) -> activation
 //   -> quantise h -> GEMM2 (+bias, * router weight) -> top-k sum
-// The stream path (sm89_fp8_moe_stream.cu, small batches) and the wgmma path
-// (sm90_fp8_moe_gemm_wgmma.cu, large batches) compute the same function with fewer launches /
-// faster GEMMs.
+// The stream path (sm89_fp8_moe_stream.cu, small batches), the wgmma path
+// (sm90_fp8_moe_gemm_wgmma.cu) and the grouped path (the DEEPGEMM-contract grouped GEMMs of
+// grouped_moe_cuda.cpp, sm_90 with the B128 scheme, large batches) compute the same function with
+// fewer launches / faster GEMMs.
 #include <fmt/format.h>
 
 #include <atomic>
@@ -18,6 +19,7 @@
 #include "fp8moe/error.hpp"
 #include "fp8moe/log.hpp"
 #include "fused_moe_cuda.hpp"
+#include "grouped_moe_cuda.hpp"
 #include "moe_launchers.hpp"
 #include "moe_paths.hpp"
 #include "moe_problem.hpp"
@@ -36,6 +38,8 @@ const char* path_name(Path p) {
       return "wgmma";
     case Path::kStream:
       return "stream";
+    case Path::kGrouped:
+      return "grouped";
   }
   return "?";
 }
@@ -50,8 +54,9 @@ Path env_path() {
     if (std::strcmp(v, "generic") == 0) return Path::kGeneric;
     if (std::strcmp(v, "wgmma") == 0) return Path::kWgmma;
     if (std::strcmp(v, "stream") == 0) return Path::kStream;
-    throw ValueError(
-        fmt::format("FP8MOE_CUDA_PATH='{}' is not one of auto, generic, wgmma, stream", v));
+    if (std::strcmp(v, "grouped") == 0) return Path::kGrouped;
+    throw ValueError(fmt::format(
+        "FP8MOE_CUDA_PATH='{}' is not one of auto, generic, wgmma, stream, grouped", v));
   }();
   return p;
 }
@@ -62,6 +67,16 @@ Path path_override() {
   const int o = g_override.load();
   return o >= 0 ? static_cast<Path>(o) : env_path();
 }
+
+namespace {
+// The grouped path: the cuda_grouped implementation's own limits (B128 scheme, bf16, gated, H and
+// I multiples of 128) and its device (capability 9.0 with this binary's sm_90a code).
+std::string grouped_path_limit(const FusedMoeArgs& args) {
+  if (!grouped_impl().available()) return "the grouped GEMMs run on sm_90 (wgmma + TMA) only";
+  return grouped_limit(args);
+}
+bool grouped_path_preferred(const MoeProblem& p) { return wgmma_path_preferred(p); }
+}  // namespace
 
 std::string path_limit(Path p, const FusedMoeArgs& args) {
   const std::string why = problem_unsupported(args);
@@ -75,6 +90,8 @@ std::string path_limit(Path p, const FusedMoeArgs& args) {
       return wgmma_path_limit(prob);
     case Path::kStream:
       return stream_path_limit(prob);
+    case Path::kGrouped:
+      return grouped_path_limit(args);
   }
   return "unknown path";
 }
@@ -91,24 +108,27 @@ std::optional<TunedConfig> lookup(const MoeProblem& p) {
   return tuned_config(k, p.M);
 }
 
-Path choose(const MoeProblem& p) {
+Path choose(const FusedMoeArgs& args, const MoeProblem& p) {
   const Path forced = path_override();
   if (forced != Path::kAuto) return forced;
   if (const auto cfg = lookup(p)) {
-    const Path t = cfg->path == "wgmma"    ? Path::kWgmma
-                   : cfg->path == "stream" ? Path::kStream
-                                           : Path::kGeneric;
+    const Path t = cfg->path == "wgmma"     ? Path::kWgmma
+                   : cfg->path == "stream"  ? Path::kStream
+                   : cfg->path == "grouped" ? Path::kGrouped
+                                            : Path::kGeneric;
     if (t == Path::kGeneric || (t == Path::kWgmma && wgmma_path_limit(p).empty()) ||
-        (t == Path::kStream && stream_path_limit(p).empty()))
+        (t == Path::kStream && stream_path_limit(p).empty()) ||
+        (t == Path::kGrouped && grouped_path_limit(args).empty()))
       return t;
   }
   if (stream_path_limit(p).empty() && stream_path_preferred(p)) return Path::kStream;
+  if (grouped_path_preferred(p) && grouped_path_limit(args).empty()) return Path::kGrouped;
   if (wgmma_path_limit(p).empty() && wgmma_path_preferred(p)) return Path::kWgmma;
   return Path::kGeneric;
 }
 }  // namespace
 
-Path choose_path(const FusedMoeArgs& args) { return choose(make_problem(args)); }
+Path choose_path(const FusedMoeArgs& args) { return choose(args, make_problem(args)); }
 
 // ---- generic path ------------------------------------------------------------------------------
 namespace {
@@ -491,6 +511,8 @@ std::size_t workspace_size(const FusedMoeArgs& args) {
   std::size_t n = generic_workspace(p, false);
   n = std::max(n, wgmma_workspace(p));
   n = std::max(n, stream_workspace(p));
+  if (p.M > 0 && grouped_path_limit(args).empty())
+    n = std::max(n, grouped_impl().workspace_size(args));
   return n;
 }
 
@@ -499,7 +521,7 @@ void run(const FusedMoeArgs& args, void* workspace) {
   const MoeProblem p = make_problem(args);
   if (p.M == 0) return;
   if (!workspace) throw ValueError("cuda_fused: workspace is null (see workspace_size)");
-  const Path path = choose(p);
+  const Path path = choose(args, p);
   switch (path) {
     case Path::kWgmma: {
       const std::string why = wgmma_path_limit(p);
@@ -511,6 +533,14 @@ void run(const FusedMoeArgs& args, void* workspace) {
       const std::string why = stream_path_limit(p);
       if (!why.empty()) throw NotImplementedError("cuda_fused stream path: " + why);
       run_stream(p, workspace, g_gemm_only.load());
+      return;
+    }
+    case Path::kGrouped: {
+      const std::string why = grouped_path_limit(args);
+      if (!why.empty()) throw NotImplementedError("cuda_fused grouped path: " + why);
+      if (g_gemm_only.load())
+        throw NotImplementedError("cuda_fused grouped path: no GEMM-only benchmark mode");
+      grouped_impl().run(args, workspace);
       return;
     }
     default:

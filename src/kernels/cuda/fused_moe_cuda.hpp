@@ -32,6 +32,9 @@ enum class Path : int {
   // 2 was the persistent decode path (removed: slower than kStream at every measured M)
   kWgmma = 3,   // wgmma + TMA GEMMs for large batches
   kStream = 4,  // small batches: prep, then two weight-streaming mma.sync GEMMs (fused epilogues)
+  // sm_90, B128 scheme: the warp-specialised grouped GEMMs of the DEEPGEMM contract
+  // (grouped_moe_cuda.cpp) over the same routing, quantisation and activation kernels
+  kGrouped = 5,
 };
 const char* path_name(Path p);
 // Forces a path for the following calls in this process (tests, benchmarks); kAuto restores the

@@ -13,7 +13,7 @@
 namespace fp8moe::cuda {
 
 struct TunedConfig {
-  std::string path;  // "generic", "wgmma", "stream"
+  std::string path;  // "generic", "wgmma", "stream", "grouped"
 };
 
 struct TuningKey {
