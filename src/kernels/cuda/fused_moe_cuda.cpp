@@ -75,7 +75,11 @@ std::string grouped_path_limit(const FusedMoeArgs& args) {
   if (!grouped_impl().available()) return "the grouped GEMMs run on sm_90 (wgmma + TMA) only";
   return grouped_limit(args);
 }
-bool grouped_path_preferred(const MoeProblem& p) { return wgmma_path_preferred(p); }
+// Measured on the H200 (docs/PERFORMANCE.md, run 8): the grouped path beats the stream path at
+// M >= 8 on every models.md shape it takes (1.0-1.9x) and the wgmma path at every M >= 128
+// (2.7-3.7x); at M = 1 it is 4-7% faster on four shapes, equal on one and 26% slower on
+// DeepSeek-V3 TP8, so single tokens stay on the stream path.
+bool grouped_path_preferred(const MoeProblem& p) { return p.M >= 8; }
 }  // namespace
 
 std::string path_limit(Path p, const FusedMoeArgs& args) {
@@ -121,8 +125,8 @@ Path choose(const FusedMoeArgs& args, const MoeProblem& p) {
         (t == Path::kGrouped && grouped_path_limit(args).empty()))
       return t;
   }
-  if (stream_path_limit(p).empty() && stream_path_preferred(p)) return Path::kStream;
   if (grouped_path_preferred(p) && grouped_path_limit(args).empty()) return Path::kGrouped;
+  if (stream_path_limit(p).empty() && stream_path_preferred(p)) return Path::kStream;
   if (wgmma_path_limit(p).empty() && wgmma_path_preferred(p)) return Path::kWgmma;
   return Path::kGeneric;
 }
