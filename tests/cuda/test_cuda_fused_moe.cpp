@@ -682,12 +682,15 @@ TEST(CudaStreamPath, ExpertMapPaddedSlotsAndEmptyExperts) {
 }
 
 // The auto choice takes the stream path for small batches of the block-FP8 models.
-TEST(CudaStreamPath, AutoChoosesItForSmallBatches) {
+// The auto rule of run 8 (docs/PERFORMANCE.md): single tokens on the stream path; from M = 8 the
+// grouped path where it can run (sm_90, B128 scheme), else the stream path.
+TEST(CudaStreamPath, AutoChoosesStreamOrGroupedForSmallBatches) {
   SKIP_WITHOUT_GPU();
   for (int64_t M : {1, 8, 32}) {
     const MoeTestProblem p = testing::make_problem(base_stat(M, 16, 512, 256, 4, 3));
     MoeTestProblem d = p.to(Device::cuda());
-    EXPECT_EQ(cuda::choose_path(d.args()), Path::kStream) << "M=" << M;
+    const bool grouped = M >= 8 && cuda::path_limit(Path::kGrouped, d.args()).empty();
+    EXPECT_EQ(cuda::choose_path(d.args()), grouped ? Path::kGrouped : Path::kStream) << "M=" << M;
   }
 }
 
