@@ -89,6 +89,9 @@ TEST(EpLayerCuda, SimulatedRanksOnOneGpuMatchTheSingleRankLayer) {
       for (const int64_t M : {int64_t{5}, int64_t{200}}) {
         const Tensor x = randn(M, 256, DType::kBF16, 0.1f, 11 + M);
         const Tensor logits = randn(M, 8, DType::kF32, 1.0f, 12 + M);
+        // sizing a caller's workspace covers bf16 and f32 calls; cuda_grouped takes bf16 only
+        EXPECT_GT(single.workspace_size(M), 0u) << rank_backend;
+        EXPECT_GT(layers[0].workspace_size(M), 0u) << rank_backend;
         const Tensor want =
             single.forward(x.to(Device::cuda(0)), logits.to(Device::cuda(0))).to(Device::cpu());
         std::vector<Tensor> outs(ep);
