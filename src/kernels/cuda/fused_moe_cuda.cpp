@@ -175,25 +175,31 @@ void run_experts(const MoeProblem& p, const void* x, int64_t x_rows, const RowSc
                                 : q == AQuant::kTokenDynamic ? AScale::kToken
                                                              : AScale::kTensor);
   };
-  void* y1 = ws + L.y1;
-  {
+  // GEMM1 (gathered token rows, K = H) and GEMM2 (sorted rows, K = I) differ only in these
+  auto gemm_args = [&](const uint8_t* a, const float* a_scale, AQuant aq, int64_t K,
+                       const WeightSide& w, int64_t N, void* out) {
     GemmArgs g;
     g.rows = gr;
-    g.a_gather = 1;
-    g.a = qx;
-    g.a_stride = p.H;
-    g.a_scale = sx;
-    g.a_scale_kind = scale_kind(p.aq1);
-    g.a_scale_stride = p.a_scale_cols(p.H, p.aq1);
+    g.a = a;
+    g.a_stride = K;
+    g.a_scale = a_scale;
+    g.a_scale_kind = scale_kind(aq);
+    g.a_scale_stride = p.a_scale_cols(K, aq);
     g.gk = p.gk;
-    g.w = p.w1;
-    g.N = static_cast<int32_t>(p.N1);
-    g.K = static_cast<int32_t>(p.H);
-    g.out = y1;
+    g.w = w;
+    g.N = static_cast<int32_t>(N);
+    g.K = static_cast<int32_t>(K);
+    g.out = out;
     g.out_f32 = p.x_f32;
-    g.out_stride = p.N1;
+    g.out_stride = N;
     g.promote_block =
-        p.w1.scale_kind == static_cast<int>(WScale::kBlock) || p.aq1 == AQuant::kGroupDynamic;
+        w.scale_kind == static_cast<int>(WScale::kBlock) || aq == AQuant::kGroupDynamic;
+    return g;
+  };
+  void* y1 = ws + L.y1;
+  {
+    GemmArgs g = gemm_args(qx, sx, p.aq1, p.H, p.w1, p.N1, y1);
+    g.a_gather = 1;
     launch_gemm_mma(g, static_cast<int>(r.capacity), st);
   }
   const bool h_f32 = p.x_f32 || p.fused_silu_quant;
@@ -215,25 +221,10 @@ void run_experts(const MoeProblem& p, const void* x, int64_t x_rows, const RowSc
                  QuantOut{qh, p.I, sh, p.a_scale_cols(p.I, p.aq2)}, st);
   }
   {
-    GemmArgs g;
-    g.rows = gr;
+    GemmArgs g = gemm_args(qh, sh, p.aq2, p.I, p.w2, p.H, y2_out);
     g.a_gather = 0;
-    g.a = qh;
-    g.a_stride = p.I;
-    g.a_scale = sh;
-    g.a_scale_kind = scale_kind(p.aq2);
-    g.a_scale_stride = p.a_scale_cols(p.I, p.aq2);
-    g.gk = p.gk;
-    g.w = p.w2;
-    g.N = static_cast<int32_t>(p.H);
-    g.K = static_cast<int32_t>(p.I);
-    g.out = y2_out;
-    g.out_f32 = p.x_f32;
-    g.out_stride = p.H;
     g.out_scatter = 1;
     g.topk_w = topk_w;
-    g.promote_block =
-        p.w2.scale_kind == static_cast<int>(WScale::kBlock) || p.aq2 == AQuant::kGroupDynamic;
     launch_gemm_mma(g, static_cast<int>(r.capacity), st);
   }
 }
