@@ -31,6 +31,10 @@ struct GroupedGemmParams {
   // 128-row kernel only: -1 = FP8MOE_GROUPED_MCAST (default off), 0 = no clusters, 1 = two-CTA
   // clusters multicasting the A tile (when the n-block count is even).
   int32_t mcast = -1;
+  // 128-row kernel only: output tile width. 0 = FP8MOE_GROUPED_TILE_N (128 or 256) when set, else
+  // 256 unless clusters are asked for; 128 or 256 forces it. 256 needs N % 256 == 0 and falls back
+  // to 128 otherwise (and runs without clusters).
+  int32_t tile_n = 0;
   int32_t N = 0, K = 0;  // multiples of 128
   int64_t a_rows = 0;    // rows of A (and of a_scale)
   // contiguous layout
@@ -70,6 +74,9 @@ void launch_grouped_gemm(const GroupedGemmParams& p, const uint8_t* a, const uin
 // kernels visit only the valid rows.
 void launch_masked_rows(const int32_t* counts, int E, int max_m, int32_t* ids, int32_t* meta,
                         cudaStream_t stream);
+
+// The output tile width the 128-row kernel runs p with (128 or 256; see GroupedGemmParams::tile_n).
+int grouped_tile_n(const GroupedGemmParams& p);
 
 // The m-block of the swapped-operand kernel for `rows_per_expert` rows per expert on average
 // (16, 32, 64; 128 above 64 rows).
