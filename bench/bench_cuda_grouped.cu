@@ -47,7 +47,8 @@ using namespace fp8moe;
 
 namespace {
 
-int g_mcast = -1;  // --mcast 0|1 (default: the library's default)
+int g_mcast = -1;                  // --mcast 0|1 (default: the library's default)
+std::vector<int> g_group_m = {0};  // --group-m 8,16 (0: the library's default)
 
 std::vector<int> parse_ints(const std::string& v) {
   std::vector<int> out;
@@ -250,7 +251,7 @@ struct GemmResult {
 };
 GemmResult bench_gemm(cudaStream_t st, bool masked, int64_t E, int64_t N, int64_t K,
                       const std::vector<int>& counts, const uint8_t* w, const float* ws_scale,
-                      int reps, int tm = 128, int tn = 0) {
+                      int reps, int tm = 128, int tn = 0, int group_m = 0) {
   int64_t rows = 0, useful = 0, active = 0, max_m = 0;
   std::vector<int32_t> blk;
   for (int64_t e = 0; e < E; ++e) {
@@ -283,6 +284,7 @@ GemmResult bench_gemm(cudaStream_t st, bool masked, int64_t E, int64_t N, int64_
   cuda::GroupedGemmParams p;
   p.tile_m = tm;
   p.tile_n = tn;
+  p.group_m = group_m;
   p.mcast = g_mcast;
   p.masked = masked;
   p.N = static_cast<int32_t>(N);
@@ -377,6 +379,8 @@ int main(int argc, char** argv) {
       layouts = argv[++i];
     } else if (a == "--gemm" && i + 1 < argc) {
       gemms = argv[++i];
+    } else if (a == "--group-m" && i + 1 < argc) {
+      g_group_m = parse_ints(argv[++i]);
     } else if (a == "--no-ceilings") {
       ceilings = false;
     } else if (a == "--mcast" && i + 1 < argc) {
@@ -389,7 +393,7 @@ int main(int argc, char** argv) {
           "usage: %s [--csv FILE] [--shape NAME,...] [--rpe 16,64,...] [--tile-n 128,256]\n"
           "       [--layouts contig,masked,uneven,contig_s,masked_s,uneven_s] [--gemm "
           "gemm1,gemm2]\n"
-          "       [--no-layer] [--no-ceilings] [--mcast 0|1]\n"
+          "       [--no-layer] [--no-ceilings] [--mcast 0|1] [--group-m 8,16]\n"
           "--tile-n: output tile widths of the 128-row kernel to time (each in the same run;\n"
           "256 falls back to 128 where N %% 256 != 0); --no-ceilings: skip the HBM and cuBLASLt\n"
           "ceilings (for profilers; percentages then read against 1)\n",
@@ -465,18 +469,22 @@ int main(int argc, char** argv) {
             probe.mcast = g_mcast;
             const int tn = tmu == 128 ? cuda::grouped_tile_n(probe) : 0;
             if (tmu == 128 && tn != tn_req) continue;  // falls back: the 128 row says it
-            std::string lay = names[v];
-            if (tn) lay += "_n" + std::to_string(tn);
-            const GemmResult r = bench_gemm(st, masked, E, g.N, g.K, c, g.w, g.sc, reps, tmu, tn);
-            std::printf("%-22s %-5s %-12s %5d %10.1f %9.1f %6.1f%% %8.3f %6.1f%%\n", s.name, g.name,
-                        lay.c_str(), rpe, r.us, r.tflops, 100.0 * r.tflops / pt, r.wtbs,
-                        100.0 * r.wtbs / bw);
-            char line[512];
-            std::snprintf(line, sizeof line, "gemm,%s,%s,%s,%d,%.2f,%.2f,%.4f,%.4f,%.4f", s.name,
-                          g.name, lay.c_str(), rpe, r.us, r.tflops, r.tflops / pt, r.wtbs,
-                          r.wtbs / bw);
-            csv.row(line);
-            std::fflush(stdout);
+            for (const int gmb : g_group_m) {
+              std::string lay = names[v];
+              if (tn) lay += "_n" + std::to_string(tn);
+              if (gmb) lay += "_g" + std::to_string(gmb);
+              const GemmResult r =
+                  bench_gemm(st, masked, E, g.N, g.K, c, g.w, g.sc, reps, tmu, tn, gmb);
+              std::printf("%-22s %-5s %-12s %5d %10.1f %9.1f %6.1f%% %8.3f %6.1f%%\n", s.name,
+                          g.name, lay.c_str(), rpe, r.us, r.tflops, 100.0 * r.tflops / pt, r.wtbs,
+                          100.0 * r.wtbs / bw);
+              char line[512];
+              std::snprintf(line, sizeof line, "gemm,%s,%s,%s,%d,%.2f,%.2f,%.4f,%.4f,%.4f", s.name,
+                            g.name, lay.c_str(), rpe, r.us, r.tflops, r.tflops / pt, r.wtbs,
+                            r.wtbs / bw);
+              csv.row(line);
+              std::fflush(stdout);
+            }
           }
         }
       if (bs > 0 && rpe >= 256) {

@@ -31,7 +31,8 @@ constexpr int kGBStage = kGBN * kGBK;  // 16 KB
 constexpr int kGStageBytes = kGAStage + kGBStage;
 constexpr int kGEpiPitch = kGBN + 8;                 // bf16 per staged row (272 B: no conflicts)
 constexpr int kGEpiBytes = 2 * 64 * kGEpiPitch * 2;  // both consumer warpgroups
-constexpr int kGGroupM = 8;                          // m-blocks per scheduling group
+constexpr int kGGroupM =
+    8;  // m-blocks per scheduling group (default of GroupedGemmParams::group_m)
 constexpr int kGSmemBytes = 1024 + kGStages * kGStageBytes + kGEpiBytes + 2 * kGStages * 8 +
                             (kGroupedMaxExperts + 1) * 4 + 64;
 
@@ -174,10 +175,11 @@ struct GTile {
 template <int kBM = kGBM>
 __device__ __forceinline__ GTile gg_tile(const GroupedGemmParams& p, const int* pref, int total_m,
                                          int n_tiles_n, int t) {
-  const int per_group = kGGroupM * n_tiles_n;
+  const int group_m = p.group_m > 0 ? p.group_m : kGGroupM;
+  const int per_group = group_m * n_tiles_n;
   const int grp = t / per_group, rem = t % per_group;
-  const int m_first = grp * kGGroupM;
-  const int gm = min(kGGroupM, total_m - m_first);
+  const int m_first = grp * group_m;
+  const int gm = min(group_m, total_m - m_first);
   const int mb = m_first + rem % gm;
   GTile g;
   g.nt = rem / gm;

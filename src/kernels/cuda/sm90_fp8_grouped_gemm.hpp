@@ -35,6 +35,8 @@ struct GroupedGemmParams {
   // 256 unless clusters are asked for; 128 or 256 forces it. 256 needs N % 256 == 0 and falls back
   // to 128 otherwise (and runs without clusters).
   int32_t tile_n = 0;
+  // m-blocks per scheduling group of the tile order (n-blocks inside a group); 0 = 8.
+  int32_t group_m = 0;
   int32_t N = 0, K = 0;  // multiples of 128
   int64_t a_rows = 0;    // rows of A (and of a_scale)
   // contiguous layout
