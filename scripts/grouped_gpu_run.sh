@@ -8,7 +8,10 @@
 # GROUPED_SAN: the sanitizer's test filter ("" = no sanitizer; default: the kernel tests of the
 # 128-row kernel, both tile widths). GROUPED_NCU: bench arguments of the profiled run (e.g.
 # "--shape deepseek_v3_tp2 --rpe 512 --gemm gemm1 --layouts contig"); each tile width of
-# GROUPED_NCU_TILES (default "128 256") is profiled once.
+# GROUPED_NCU_TILES (default "128 256") is profiled once. GROUPED_FUSE="SHAPES" (e.g.
+# "deepseek_v3_tp2,deepseek_v3_ep8"): the grouped tests again with FP8MOE_GROUPED_FUSE_ACT=1 (the
+# layer tests then run GEMM1 with the fused activation + quantisation epilogue), and the full layer
+# of those shapes at 2048 rows per expert without and with the fusion (fuse.log).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 FINAL=${OUT:-$PWD/gpu_out}
@@ -50,6 +53,19 @@ if [ -n "${GROUPED_NCU:-}" ] && [ -x "$B" ]; then
       "$W/ncu_n$tn.log" | head -60 >>"$W/ncu.txt"
   done
   cat "$W/ncu.txt"
+fi
+if [ -n "${GROUPED_FUSE:-}" ] && [ -x "$B" ]; then
+  FP8MOE_GROUPED_FUSE_ACT=1 ctest --test-dir build-gpu -j 12 --timeout 300 -R Grouped \
+    --output-on-failure >"$W/tests_fuse.log" 2>&1
+  echo "tests with FP8MOE_GROUPED_FUSE_ACT=1: rc=$? $(grep -E 'tests passed|tests failed' \
+    "$W/tests_fuse.log" | tail -1)" | tee "$W/fuse.log"
+  grep -E '^\s+[0-9]+ - .*\(Failed|Timeout' "$W/tests_fuse.log" | head -20 | tee -a "$W/fuse.log"
+  for f in 0 1; do
+    echo "== layer, FP8MOE_GROUPED_FUSE_ACT=$f" | tee -a "$W/fuse.log"
+    FP8MOE_GROUPED_FUSE_ACT=$f timeout 120 "$B" --no-ceilings --shape "$GROUPED_FUSE" --rpe 2048 \
+      --gemm none 2>&1 | grep layer | tee -a "$W/fuse.log"
+  done
+  cp "$W/fuse.log" "$FINAL/"
 fi
 echo "== grouped bench"
 cat "$W/grouped.log" 2>/dev/null

@@ -27,6 +27,7 @@
 #include "fp8moe/platform.hpp"
 #include "kernels/cuda/fused_moe_cuda.hpp"
 #include "kernels/cuda/grouped_moe_cuda.hpp"
+#include "kernels/cuda/moe_launchers.hpp"
 #include "kernels/cuda/sm90_fp8_grouped_gemm.hpp"
 #include "kernels/registry.hpp"
 
@@ -304,6 +305,205 @@ INSTANTIATE_TEST_SUITE_P(TileM, CudaGroupedGemm,
                          ::testing::Values(GemmTile{128, 128}, GemmTile{128, 256}, GemmTile{16, 0},
                                            GemmTile{32, 0}, GemmTile{64, 0}),
                          [](const auto& info) { return tile_name(info.param); });
+
+// GEMM1 with the fused activation + 1x128 quantisation epilogue (fuse_act, the 256 tile with
+// paired gate/up halves) against the unfused chain on the same device (GEMM1 with bf16 output,
+// launch_activation, launch_quant): q and the group scales must be bitwise equal, on random
+// non-exact data, for several activations, the fused SiLU+quant semantics (h in f32, scale floor),
+// UE8M0 scales and bias; contiguous with padding rows and masked with empty / partial experts.
+struct FuseCase {
+  std::string name;
+  cuda::Act act;
+  bool limit, fp32_silu, ue8m0, bias, masked;
+};
+
+class CudaGroupedFusedAct : public ::testing::TestWithParam<FuseCase> {};
+
+TEST_P(CudaGroupedFusedAct, BitwiseEqualToTheUnfusedChain) {
+  SKIP_WITHOUT_SM90();
+  const FuseCase& fc = GetParam();
+  std::mt19937 rng(77);
+  const int E = 4, I = 256, N = 2 * I, K = 384;
+  std::normal_distribution<float> nd(0.0f, 1.5f);
+  std::uniform_real_distribution<float> ud(0.5f, 2.0f);
+  HostGemm g{E, N, K, {}, {}, {}};
+  g.b.resize(size_t(E) * N * K);
+  for (auto& c : g.b) c = numerics::float_to_e4m3fn(nd(rng));
+  g.b_scale.resize(size_t(E) * (N / 128) * (K / 128));
+  for (auto& x : g.b_scale) x = 0.01f * ud(rng);
+  if (fc.bias) {
+    g.bias.resize(size_t(E) * N);
+    for (auto& x : g.bias) x = 0.5f * nd(rng);
+  }
+  // rows: contiguous chunks aligned to 128 with padding rows, or masked slabs
+  std::vector<int32_t> sorted, blk, counts;
+  int num_valid = 0;
+  int64_t rows = 0, max_mblk = 0;
+  const int max_m = 200;
+  if (fc.masked) {
+    counts = {0, 200, 57, 129};
+    rows = int64_t(E) * max_m;
+    max_mblk = int64_t(E) * ((max_m + 127) / 128);
+  } else {
+    const int cnt[E] = {130, 0, 77, 256};
+    for (int e = 0; e < E; ++e) num_valid += cnt[e];
+    int next = 0;
+    for (int e = 0; e < E; ++e) {
+      const int padded = (cnt[e] + 127) / 128 * 128;
+      for (int b = 0; b < padded / 128; ++b) blk.push_back(e);
+      for (int r = 0; r < padded; ++r) sorted.push_back(r < cnt[e] ? next++ : num_valid);
+    }
+    rows = static_cast<int64_t>(sorted.size()) + 128;  // capacity above the used rows
+    sorted.resize(rows, num_valid);
+    blk.resize(rows / 128, -1);
+    max_mblk = rows / 128;
+  }
+  std::vector<uint8_t> a(size_t(rows) * K);
+  for (auto& c : a) c = numerics::float_to_e4m3fn(nd(rng));
+  std::vector<float> as(size_t(rows) * (K / 128));
+  for (auto& x : as) x = 0.02f * ud(rng);
+  const Tensor da = to_device(a, DType::kU8), das = to_device(as, DType::kF32);
+  const Tensor db = to_device(g.b, DType::kU8), dbs = to_device(g.b_scale, DType::kF32);
+  Tensor dbias;
+  if (fc.bias) dbias = to_device(g.bias, DType::kF32);
+  Tensor dsorted, dblk, dmeta, dcounts, dids;
+  cuda::GroupedGemmParams p;
+  p.tile_m = 128;
+  p.N = N;
+  p.K = K;
+  p.a_rows = rows;
+  p.a_scale = static_cast<const float*>(das.data());
+  p.a_scale_stride = K / 128;
+  p.b_scale = static_cast<const float*>(dbs.data());
+  p.b_scale_e_stride = (N / 128) * (K / 128);
+  p.b_scale_n_stride = K / 128;
+  p.bias = fc.bias ? dbias.data() : nullptr;
+  cuda::RowSet rs;
+  if (fc.masked) {
+    dcounts = to_device(counts, DType::kI32);
+    dids = Tensor::empty({rows}, DType::kI32, Device::cuda());
+    dmeta = Tensor::empty({4}, DType::kI32, Device::cuda());
+    cuda::launch_masked_rows(static_cast<const int32_t*>(dcounts.data()), E, max_m,
+                             static_cast<int32_t*>(dids.data()),
+                             static_cast<int32_t*>(dmeta.data()), nullptr);
+    p.masked = 1;
+    p.counts = static_cast<const int32_t*>(dcounts.data());
+    p.E = E;
+    p.max_m = max_m;
+    rs = cuda::RowSet{static_cast<const int32_t*>(dids.data()),
+                      static_cast<const int32_t*>(dmeta.data()), static_cast<int32_t>(rows),
+                      static_cast<int32_t>(rows)};
+  } else {
+    dsorted = to_device(sorted, DType::kI32);
+    dblk = to_device(blk, DType::kI32);
+    dmeta = to_device(std::vector<int32_t>{static_cast<int32_t>(rows - 128), 0, 0, 0}, DType::kI32);
+    p.expert_blk = static_cast<const int32_t*>(dblk.data());
+    p.num_rows_ptr = static_cast<const int32_t*>(dmeta.data());
+    p.sorted_ids = static_cast<const int32_t*>(dsorted.data());
+    p.num_valid = num_valid;
+    rs = cuda::RowSet{static_cast<const int32_t*>(dsorted.data()),
+                      static_cast<const int32_t*>(dmeta.data()), static_cast<int32_t>(rows),
+                      num_valid};
+  }
+  cuda::ActParams ap;
+  ap.act = static_cast<int32_t>(fc.act);
+  if (fc.limit) {
+    ap.has_limit = 1;
+    ap.limit = 7.0f;
+  }
+  if (fc.act == cuda::Act::kSwigluOaiUninterleave) {
+    ap.limit = 7.0f;
+    ap.alpha = 1.702f;
+    ap.beta = 1.0f;
+  }
+  ap.fp32_silu = fc.fp32_silu ? 1 : 0;
+  const bool h_f32 = fc.fp32_silu;
+  const float min_scale = fc.fp32_silu ? 1.0f / (448.0f * 512.0f) : 0.0f;
+  Tensor y1 = Tensor::empty({rows, N}, DType::kBF16, Device::cuda());
+  Tensor h = Tensor::empty({rows, I}, h_f32 ? DType::kF32 : DType::kBF16, Device::cuda());
+  Tensor q0 = Tensor::empty({rows, I}, DType::kU8, Device::cuda());
+  Tensor q1 = Tensor::empty({rows, I}, DType::kU8, Device::cuda());
+  Tensor s0 = Tensor::empty({rows, I / 128}, DType::kF32, Device::cuda());
+  Tensor s1 = Tensor::empty({rows, I / 128}, DType::kF32, Device::cuda());
+  for (Tensor* t : {&q0, &q1, &s0, &s1})
+    ASSERT_EQ(cudaMemset(t->data(), 0xFF, t->nbytes()), cudaSuccess);
+  // unfused
+  {
+    cuda::GroupedGemmParams u = p;
+    u.tile_n = 256;
+    u.out = static_cast<uint16_t*>(y1.data());
+    u.out_stride = N;
+    cuda::launch_grouped_gemm(u, static_cast<const uint8_t*>(da.data()),
+                              static_cast<const uint8_t*>(db.data()), int64_t(E) * N, max_mblk,
+                              nullptr);
+    cuda::launch_activation(y1.data(), false, N, rs, I, ap, h.data(), h_f32, I, nullptr);
+    cuda::QuantSpec qs;
+    qs.kind = cuda::AQuant::kGroupDynamic;
+    qs.gk = 128;
+    qs.ue8m0 = fc.ue8m0;
+    qs.min_scale = min_scale;
+    cuda::launch_quant(qs, h.data(), h_f32, I, rs, cuda::RowScale{}, I,
+                       cuda::QuantOut{static_cast<uint8_t*>(q0.data()), I,
+                                      static_cast<float*>(s0.data()), I / 128},
+                       nullptr);
+  }
+  // fused
+  {
+    cuda::GroupedGemmParams f = p;
+    f.fuse_act = 1;
+    f.act = ap;
+    f.act_h_f32 = h_f32 ? 1 : 0;
+    f.q_ue8m0 = fc.ue8m0 ? 1 : 0;
+    f.q_min_scale = min_scale;
+    f.q_out = static_cast<uint8_t*>(q1.data());
+    f.q_stride = I;
+    f.q_scale = static_cast<float*>(s1.data());
+    f.q_scale_stride = I / 128;
+    cuda::launch_grouped_gemm(f, static_cast<const uint8_t*>(da.data()),
+                              static_cast<const uint8_t*>(db.data()), int64_t(E) * N, max_mblk,
+                              nullptr);
+  }
+  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  const Tensor hq0 = q0.to(Device::cpu()), hq1 = q1.to(Device::cpu());
+  const Tensor hs0 = s0.to(Device::cpu()), hs1 = s1.to(Device::cpu());
+  int64_t bad_q = 0, bad_s = 0, stored = 0;
+  for (int64_t r = 0; r < rows; ++r) {
+    for (int c = 0; c < I / 128; ++c) {
+      const float x0 = hs0.ptr<float>()[r * (I / 128) + c],
+                  x1 = hs1.ptr<float>()[r * (I / 128) + c];
+      uint32_t b0, b1;
+      std::memcpy(&b0, &x0, 4);
+      std::memcpy(&b1, &x1, 4);
+      if (b0 != b1 && bad_s++ < 5)
+        ADD_FAILURE() << "row " << r << " group " << c << ": scale " << x1 << " want " << x0;
+      stored += b0 != 0xFFFFFFFFu;
+    }
+    for (int c = 0; c < I; ++c) {
+      const uint8_t x0 = hq0.ptr<uint8_t>()[r * I + c], x1 = hq1.ptr<uint8_t>()[r * I + c];
+      if (x0 != x1 && bad_q++ < 5)
+        ADD_FAILURE() << "row " << r << " col " << c << ": q 0x" << std::hex << int(x1)
+                      << " want 0x" << int(x0);
+    }
+  }
+  EXPECT_EQ(bad_q, 0);
+  EXPECT_EQ(bad_s, 0);
+  const int64_t want_stored =
+      (fc.masked ? int64_t(0 + 200 + 57 + 129) : int64_t(num_valid)) * (I / 128);
+  EXPECT_EQ(stored, want_stored) << "the unfused chain stores every valid row";
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Cases, CudaGroupedFusedAct,
+    ::testing::Values(
+        FuseCase{"silu", cuda::Act::kSilu, false, false, false, false, false},
+        FuseCase{"silu_masked_bias", cuda::Act::kSilu, false, false, false, true, true},
+        FuseCase{"silu_limit", cuda::Act::kSilu, true, false, false, false, false},
+        FuseCase{"fused_silu_quant", cuda::Act::kSilu, false, true, false, false, false},
+        FuseCase{"silu_ue8m0", cuda::Act::kSilu, false, false, true, true, false},
+        FuseCase{"gelu", cuda::Act::kGelu, false, false, false, false, true},
+        FuseCase{"swigluoai_uninterleave", cuda::Act::kSwigluOaiUninterleave, false, false, false,
+                 true, false}),
+    [](const auto& info) { return info.param.name; });
 
 // ---- the layer --------------------------------------------------------------------------------
 

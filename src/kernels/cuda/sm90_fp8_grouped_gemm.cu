@@ -81,6 +81,8 @@ void launch_swap(const GroupedGemmParams& p, const uint8_t* a, const uint8_t* b,
 void launch_grouped_gemm(const GroupedGemmParams& p, const uint8_t* a, const uint8_t* b,
                          int64_t b_rows, int64_t max_m_blocks, cudaStream_t stream) {
   if (max_m_blocks <= 0 || p.N <= 0 || p.K <= 0 || p.a_rows <= 0) return;
+  if (p.fuse_act && p.tile_m != 128)
+    throw ValueError("grouped GEMM: the fused activation runs on the 128-row kernel only");
   switch (p.tile_m) {
     case 16:
       return launch_swap<16>(p, a, b, b_rows, max_m_blocks, stream);
@@ -100,14 +102,29 @@ void launch_grouped_gemm(const GroupedGemmParams& p, const uint8_t* a, const uin
     FP8MOE_CUDA_CHECK(cudaFuncSetAttribute(
         grouped_gemm_kernel<2>, cudaFuncAttributeMaxDynamicSharedMemorySize, kGSmemBytes));
     FP8MOE_CUDA_CHECK(cudaFuncSetAttribute(
-        grouped_gemm_n256_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kG2SmemBytes));
+        grouped_gemm_n256_kernel<0>, cudaFuncAttributeMaxDynamicSharedMemorySize, kG2SmemBytes));
+    FP8MOE_CUDA_CHECK(cudaFuncSetAttribute(
+        grouped_gemm_n256_kernel<1>, cudaFuncAttributeMaxDynamicSharedMemorySize, kG2SmemBytes));
   });
+  if (p.fuse_act) {
+    if (p.N % kG2BN != 0 || p.out_scatter || p.row_weight || !p.q_out || !p.q_scale)
+      throw ValueError(
+          "grouped GEMM: the fused activation needs N % 256 == 0, no scatter, no row weight and "
+          "q_out / q_scale");
+    const CUtensorMap tm_a = make_tma_2d_u8(a, p.K, p.a_rows, kGBK, kGBM);
+    const CUtensorMap tm_b = make_tma_2d_u8(b, p.K, b_rows, kGBK, kGBN);
+    const int64_t tiles = max_m_blocks * (p.N / kG2BN);
+    const unsigned grid = static_cast<unsigned>(std::min<int64_t>(tiles, sm_count()));
+    grouped_gemm_n256_kernel<1><<<grid, kGThreads, kG2SmemBytes, stream>>>(p, tm_a, tm_b);
+    FP8MOE_CUDA_CHECK_LAUNCH();
+    return;
+  }
   if (grouped_tile_n(p) == kG2BN) {
     const CUtensorMap tm_a = make_tma_2d_u8(a, p.K, p.a_rows, kGBK, kGBM);
     const CUtensorMap tm_b = make_tma_2d_u8(b, p.K, b_rows, kGBK, kGBN);  // one 128-row half
     const int64_t tiles = max_m_blocks * (p.N / kG2BN);
     const unsigned grid = static_cast<unsigned>(std::min<int64_t>(tiles, sm_count()));
-    grouped_gemm_n256_kernel<<<grid, kGThreads, kG2SmemBytes, stream>>>(p, tm_a, tm_b);
+    grouped_gemm_n256_kernel<0><<<grid, kGThreads, kG2SmemBytes, stream>>>(p, tm_a, tm_b);
     FP8MOE_CUDA_CHECK_LAUNCH();
     return;
   }

@@ -20,6 +20,7 @@
 
 #include "cuda_common.cuh"
 #include "sm90_fp8_grouped_gemm.hpp"
+#include "smxx_fp8_quant.cuh"
 
 namespace fp8moe::cuda {
 
@@ -474,7 +475,74 @@ constexpr int kG2EpiBytes = 2 * 64 * kG2EpiPitch * 2;
 constexpr int kG2SmemBytes = 1024 + kG2Stages * kG2StageBytes + kG2EpiBytes + 2 * kG2Stages * 8 +
                              (kGroupedMaxExperts + 1) * 4 + 64;
 static_assert(kG2SmemBytes + 2 * 64 * 8 <= 227 * 1024, "n256 tile: shared memory");
+static_assert(64 * kG2EpiPitch * 2 >= 64 * 144, "fused epilogue: q staging (64 rows x 144 B)");
 
+// GEMM1's fused epilogue (kFuse): acc[0..63] holds the gate columns and acc[64..127] the up
+// columns of h-columns [128 nt, 128 nt + 128) of this warpgroup's 64 rows (thread: rows lr and
+// lr + 8 of the warpgroup, h-columns 8 j + 2 q + c). Same operations and rounding points as the
+// unfused chain (GEMM1 with bf16 output, activation_kernel, quant_group_kernel<T, 128>); the
+// 128-column group of a row lies in the 4 lanes of a quad. q is staged in shared memory (64 rows
+// x 144 B) for 16-byte row stores.
+__device__ __forceinline__ void gg_fused_act_quant_epilogue(const GroupedGemmParams& p,
+                                                            const GTile& g, const float (&acc)[128],
+                                                            uint8_t* stage, const int* dst_rows,
+                                                            int cw, int lr, int q) {
+  const int I = p.N / 2;
+  const int hc0 = g.nt * kGBN;  // first h-column of the tile
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {  // rows lr, lr + 8
+    float hv[32];
+    float amax = 0.0f;
+#pragma unroll
+    for (int j = 0; j < 16; ++j)
+#pragma unroll
+      for (int c = 0; c < 2; ++c) {
+        const int col = 8 * j + 2 * q + c;
+        float bg = 0.0f, bu = 0.0f;
+        if (p.bias) {
+          const int64_t bi = int64_t(g.e) * p.N + hc0 + col;
+          if (p.bias_bf16) {
+            bg = bf16_bits_to_float(static_cast<const uint16_t*>(p.bias)[bi]);
+            bu = bf16_bits_to_float(static_cast<const uint16_t*>(p.bias)[bi + I]);
+          } else {
+            bg = static_cast<const float*>(p.bias)[bi];
+            bu = static_cast<const float*>(p.bias)[bi + I];
+          }
+        }
+        // y1 = bf16(acc + bias) (the unfused GEMM1 stores bf16 with row weight 1)
+        const float gv = bf16_round(acc[4 * j + 2 * h + c] + bg);
+        const float uv = bf16_round(acc[64 + 4 * j + 2 * h + c] + bu);
+        float v = act_gated(p.act, gv, uv);
+        if (!p.act_h_f32) v = bf16_round(v);
+        hv[2 * j + c] = v;
+        amax = fmaxf(amax, fabsf(v));
+      }
+    amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, 1));
+    amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, 2));
+    const float s = group_scale(amax, p.q_ue8m0 != 0, p.q_min_scale);
+    const int r = lr + 8 * h;
+    const int dst = dst_rows[r];
+    if (q == 0 && dst >= 0) p.q_scale[int64_t(dst) * p.q_scale_stride + g.nt] = s;
+#pragma unroll
+    for (int j = 0; j < 16; ++j)
+      *reinterpret_cast<uint16_t*>(stage + r * 144 + 8 * j + 2 * q) =
+          float2_to_e4m3x2(hv[2 * j] / s, hv[2 * j + 1] / s);
+  }
+  gg_bar(1 + cw, 128);
+  // 64 rows x 128 bytes: 8 lanes of 16 bytes per row
+  const int wtid = threadIdx.x % 128;
+#pragma unroll
+  for (int i = wtid; i < 64 * 8; i += 128) {
+    const int r = i >> 3, c = i & 7;
+    const int dst = dst_rows[r];
+    if (dst < 0) continue;
+    *reinterpret_cast<uint4*>(p.q_out + int64_t(dst) * p.q_stride + hc0 + c * 16) =
+        *reinterpret_cast<const uint4*>(stage + r * 144 + c * 16);
+  }
+}
+
+// kFuse = 1: GEMM1 with the fused activation + quantisation epilogue (GroupedGemmParams::fuse_act).
+template <int kFuse>
 __global__ void __launch_bounds__(kGThreads, 1)
     grouped_gemm_n256_kernel(const __grid_constant__ GroupedGemmParams p,
                              const __grid_constant__ CUtensorMap tm_a,
@@ -521,8 +589,10 @@ __global__ void __launch_bounds__(kGThreads, 1)
       int it = 0;
       for (int t = blockIdx.x; t < n_tiles; t += gridDim.x) {
         const GTile g = gg_tile(p, pref, total_m, n_tiles_n, t);
-        // the two B halves: weight rows n0 and n1 of expert e (plain layout: n1 = n0 + 128)
-        const int brow0 = g.e * p.N + g.nt * kG2BN, brow1 = brow0 + kGBN;
+        // the two B halves: weight rows n0 and n1 of expert e (plain layout: n1 = n0 + 128; fused
+        // activation: gate block nt and up block nt of the packed w13)
+        const int brow0 = g.e * p.N + (kFuse ? g.nt * kGBN : g.nt * kG2BN);
+        const int brow1 = kFuse ? g.e * p.N + p.N / 2 + g.nt * kGBN : brow0 + kGBN;
         for (int kb = 0; kb < num_kb; ++kb, ++it) {
           const int s = it % kG2Stages;
           const uint32_t ph = (it / kG2Stages) & 1;
@@ -550,10 +620,12 @@ __global__ void __launch_bounds__(kGThreads, 1)
     // rows past A's end (masked tail) read scale 0: their outputs are never stored
     const float* as0 = ar0 < p.a_rows ? p.a_scale + ar0 * p.a_scale_stride : nullptr;
     const float* as1 = ar1 < p.a_rows ? p.a_scale + ar1 * p.a_scale_stride : nullptr;
-    // b_scale of the halves' 128-row blocks 2 nt and 2 nt + 1
+    // b_scale of the halves' 128-row blocks: 2 nt and 2 nt + 1 (fused: nt and N / 256 + nt)
+    const int nb0 = kFuse ? g.nt : 2 * g.nt, nb1 = kFuse ? p.N / kG2BN + g.nt : 2 * g.nt + 1;
     const float* bs0 =
-        p.b_scale + int64_t(g.e) * p.b_scale_e_stride + int64_t(2 * g.nt) * p.b_scale_n_stride;
-    const float* bs1 = bs0 + p.b_scale_n_stride;
+        p.b_scale + int64_t(g.e) * p.b_scale_e_stride + int64_t(nb0) * p.b_scale_n_stride;
+    const float* bs1 =
+        p.b_scale + int64_t(g.e) * p.b_scale_e_stride + int64_t(nb1) * p.b_scale_n_stride;
     float acc[128], part[64];
 #pragma unroll
     for (int i = 0; i < 128; ++i) acc[i] = 0.0f;
@@ -627,6 +699,11 @@ __global__ void __launch_bounds__(kGThreads, 1)
       s_w[cw][wtid] = w;
     }
     gg_bar(1 + cw, 128);
+    if constexpr (kFuse) {
+      gg_fused_act_quant_epilogue(p, g, acc, reinterpret_cast<uint8_t*>(stage), s_dst[cw], cw,
+                                  r_lo - cw * 64, q);
+      continue;
+    }
     const float w_lo = s_w[cw][r_lo - cw * 64], w_hi = s_w[cw][r_hi - cw * 64];
     const int n0 = g.nt * kG2BN;
 #pragma unroll
