@@ -16,6 +16,9 @@
 // Epilogue per warpgroup: bias, row weight, rounding to bf16, staged through padded shared memory
 // (conflict-free), 16-byte stores to the destination rows (sorted position, (token, slot) row or
 // masked slab row).
+// Variants: grouped_gemm_n256_kernel (128 x 256 tiles, two 128-row B halves per stage; the default
+// where N % 256 == 0), with an optional GEMM1 epilogue that fuses the gated activation and the 1 x
+// 128 quantisation of h (paired gate/up halves); grouped_gemm_swap_kernel (<= 64 rows per expert).
 #pragma once
 
 #include "cuda_common.cuh"
