@@ -47,7 +47,23 @@ using namespace fp8moe;
 
 namespace {
 
-int g_mcast = -1;  // --mcast 0|1 (default: the library's default)
+int g_mcast = -1;                  // --mcast 0|1 (default: the library's default)
+std::vector<int> g_group_m = {0};  // --group-m 8,16 (0: the library's default)
+
+std::vector<int> parse_ints(const std::string& v) {
+  std::vector<int> out;
+  for (size_t pos = 0; pos < v.size();) {
+    const size_t c = v.find(',', pos);
+    out.push_back(std::atoi(v.substr(pos, c - pos).c_str()));
+    if (c == std::string::npos) break;
+    pos = c + 1;
+  }
+  return out;
+}
+bool listed(const std::string& list, const std::string& name) {
+  if (list.empty()) return true;
+  return ("," + list + ",").find("," + name + ",") != std::string::npos;
+}
 
 __global__ void fill_codes(uint8_t* p, int64_t n, uint32_t seed) {
   for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n;
@@ -235,7 +251,7 @@ struct GemmResult {
 };
 GemmResult bench_gemm(cudaStream_t st, bool masked, int64_t E, int64_t N, int64_t K,
                       const std::vector<int>& counts, const uint8_t* w, const float* ws_scale,
-                      int reps, int tm = 128) {
+                      int reps, int tm = 128, int tn = 0, int group_m = 0) {
   int64_t rows = 0, useful = 0, active = 0, max_m = 0;
   std::vector<int32_t> blk;
   for (int64_t e = 0; e < E; ++e) {
@@ -267,6 +283,8 @@ GemmResult bench_gemm(cudaStream_t st, bool masked, int64_t E, int64_t N, int64_
   CK(cudaMemcpy(dmeta, &meta, 4, cudaMemcpyHostToDevice));
   cuda::GroupedGemmParams p;
   p.tile_m = tm;
+  p.tile_n = tn;
+  p.group_m = group_m;
   p.mcast = g_mcast;
   p.masked = masked;
   p.N = static_cast<int32_t>(N);
@@ -344,8 +362,9 @@ float bench_layer(cudaStream_t st, const ExpertsImpl& impl, const Shape& s, int6
 int main(int argc, char** argv) {
   Csv csv;
   std::vector<int> rpes = {16, 64, 256, 512, 2048};
-  std::string only;
-  bool layer = true;
+  std::vector<int> tile_ns = {128, 256};
+  std::string only, layouts, gemms;
+  bool layer = true, ceilings = true;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     if (a == "--csv" && i + 1 < argc) {
@@ -353,14 +372,17 @@ int main(int argc, char** argv) {
     } else if (a == "--shape" && i + 1 < argc) {
       only = argv[++i];
     } else if (a == "--rpe" && i + 1 < argc) {
-      rpes.clear();
-      std::string v = argv[++i];
-      for (size_t pos = 0; pos < v.size();) {
-        const size_t c = v.find(',', pos);
-        rpes.push_back(std::atoi(v.substr(pos, c - pos).c_str()));
-        if (c == std::string::npos) break;
-        pos = c + 1;
-      }
+      rpes = parse_ints(argv[++i]);
+    } else if (a == "--tile-n" && i + 1 < argc) {
+      tile_ns = parse_ints(argv[++i]);
+    } else if (a == "--layouts" && i + 1 < argc) {
+      layouts = argv[++i];
+    } else if (a == "--gemm" && i + 1 < argc) {
+      gemms = argv[++i];
+    } else if (a == "--group-m" && i + 1 < argc) {
+      g_group_m = parse_ints(argv[++i]);
+    } else if (a == "--no-ceilings") {
+      ceilings = false;
     } else if (a == "--mcast" && i + 1 < argc) {
       g_mcast = std::atoi(argv[++i]);
     } else if (a == "--no-layer") {
@@ -368,7 +390,13 @@ int main(int argc, char** argv) {
     } else {
       std::fprintf(
           stderr,
-          "usage: %s [--csv FILE] [--shape NAME] [--rpe 16,64,...] [--no-layer] [--mcast 0|1]\n",
+          "usage: %s [--csv FILE] [--shape NAME,...] [--rpe 16,64,...] [--tile-n 128,256]\n"
+          "       [--layouts contig,masked,uneven,contig_s,masked_s,uneven_s] [--gemm "
+          "gemm1,gemm2]\n"
+          "       [--no-layer] [--no-ceilings] [--mcast 0|1] [--group-m 8,16]\n"
+          "--tile-n: output tile widths of the 128-row kernel to time (each in the same run;\n"
+          "256 falls back to 128 where N %% 256 != 0); --no-ceilings: skip the HBM and cuBLASLt\n"
+          "ceilings (for profilers; percentages then read against 1)\n",
           argv[0]);
       return 2;
     }
@@ -380,9 +408,9 @@ int main(int argc, char** argv) {
   }
   cudaStream_t st;
   CK(cudaStreamCreate(&st));
-  const double bw = measure_read_bw(st);
-  const double pt = cublaslt_fp8(st, 8192, 8192, 8192, false);
-  const double bs = cublaslt_fp8(st, 8192, 8192, 8192, true);
+  const double bw = ceilings ? measure_read_bw(st) : 1.0;
+  const double pt = ceilings ? cublaslt_fp8(st, 8192, 8192, 8192, false) : 1.0;
+  const double bs = ceilings ? cublaslt_fp8(st, 8192, 8192, 8192, true) : 0.0;
   std::printf(
       "device: %s\nceilings (same run): HBM read %.3f TB/s; cuBLASLt FP8 per-tensor 8192^3 "
       "%.1f TFLOP/s; block-scaled (128x128 A, 1x128 B) 8192^3 %s\n",
@@ -392,10 +420,10 @@ int main(int argc, char** argv) {
   std::fflush(stdout);
   csv.row("kind,shape,gemm,layout,rows_per_expert,us,tflops,frac_per_tensor,weight_tbs,frac_bw");
   csv.row("ceiling,,,,,,," + std::to_string(pt) + ",," + std::to_string(bw));
-  std::printf("%-22s %-5s %-8s %5s %10s %9s %7s %8s %7s\n", "shape", "gemm", "layout", "rpe", "us",
+  std::printf("%-22s %-5s %-12s %5s %10s %9s %7s %8s %7s\n", "shape", "gemm", "layout", "rpe", "us",
               "TFLOP/s", "%cuBLAS", "w TB/s", "%BW");
   for (const Shape& s : kShapes) {
-    if (!only.empty() && only != s.name) continue;
+    if (!listed(only, s.name)) continue;
     const int64_t E = s.E, H = s.H, I = s.I;
     uint8_t* w13 = static_cast<uint8_t*>(dalloc(E * 2 * I * H));
     uint8_t* w2 = static_cast<uint8_t*>(dalloc(E * H * I));
@@ -421,6 +449,7 @@ int main(int argc, char** argv) {
       const G gs[2] = {{"gemm1", 2 * I, H, w13, s13}, {"gemm2", H, I, w2, s2}};
       for (const G& g : gs)
         for (int v = 0; v < 6; ++v) {
+          if (!listed(gemms, g.name)) continue;
           // 0-2: 128-row m-blocks; 3-5: the auto m-block (swapped operands at <= 64 rows)
           const int tm = v < 3 ? 128 : cuda::grouped_tile_m(rpe);
           if (v >= 3 && tm == 128) continue;
@@ -428,18 +457,35 @@ int main(int argc, char** argv) {
           const std::vector<int>& c = v % 3 == 2 ? uneven : even;
           static const char* names[6] = {"contig",   "masked",   "uneven",
                                          "contig_s", "masked_s", "uneven_s"};
-          const char* lay = names[v];
+          if (!listed(layouts, names[v])) continue;
           const int reps = rpe >= 512 ? 5 : 9;
           // uneven counts up to 1.3x the mean: the auto m-block of the largest
           const int tmu = v == 5 ? cuda::grouped_tile_m(rpe * 1.3) : tm;
-          const GemmResult r = bench_gemm(st, masked, E, g.N, g.K, c, g.w, g.sc, reps, tmu);
-          std::printf("%-22s %-5s %-8s %5d %10.1f %9.1f %6.1f%% %8.3f %6.1f%%\n", s.name, g.name,
-                      lay, rpe, r.us, r.tflops, 100.0 * r.tflops / pt, r.wtbs, 100.0 * r.wtbs / bw);
-          char line[512];
-          std::snprintf(line, sizeof line, "gemm,%s,%s,%s,%d,%.2f,%.2f,%.4f,%.4f,%.4f", s.name,
-                        g.name, lay, rpe, r.us, r.tflops, r.tflops / pt, r.wtbs, r.wtbs / bw);
-          csv.row(line);
-          std::fflush(stdout);
+          for (const int tn_req : tile_ns) {
+            if (tmu != 128 && tn_req != tile_ns.front()) continue;  // swapped: no tile width
+            cuda::GroupedGemmParams probe;
+            probe.N = static_cast<int32_t>(g.N);
+            probe.tile_n = tn_req;
+            probe.mcast = g_mcast;
+            const int tn = tmu == 128 ? cuda::grouped_tile_n(probe) : 0;
+            if (tmu == 128 && tn != tn_req) continue;  // falls back: the 128 row says it
+            for (const int gmb : g_group_m) {
+              std::string lay = names[v];
+              if (tn) lay += "_n" + std::to_string(tn);
+              if (gmb) lay += "_g" + std::to_string(gmb);
+              const GemmResult r =
+                  bench_gemm(st, masked, E, g.N, g.K, c, g.w, g.sc, reps, tmu, tn, gmb);
+              std::printf("%-22s %-5s %-12s %5d %10.1f %9.1f %6.1f%% %8.3f %6.1f%%\n", s.name,
+                          g.name, lay.c_str(), rpe, r.us, r.tflops, 100.0 * r.tflops / pt, r.wtbs,
+                          100.0 * r.wtbs / bw);
+              char line[512];
+              std::snprintf(line, sizeof line, "gemm,%s,%s,%s,%d,%.2f,%.2f,%.4f,%.4f,%.4f", s.name,
+                            g.name, lay.c_str(), rpe, r.us, r.tflops, r.tflops / pt, r.wtbs,
+                            r.wtbs / bw);
+              csv.row(line);
+              std::fflush(stdout);
+            }
+          }
         }
       if (bs > 0 && rpe >= 256) {
         const double b1 = cublaslt_fp8(st, 2 * I, rpe, H, true);

@@ -27,6 +27,7 @@
 #include "fp8moe/platform.hpp"
 #include "kernels/cuda/fused_moe_cuda.hpp"
 #include "kernels/cuda/grouped_moe_cuda.hpp"
+#include "kernels/cuda/moe_launchers.hpp"
 #include "kernels/cuda/sm90_fp8_grouped_gemm.hpp"
 #include "kernels/registry.hpp"
 
@@ -143,130 +144,366 @@ std::vector<float> random_scales(int64_t rows, int K, std::mt19937& rng) {
 
 constexpr uint16_t kPoisonBf16 = 0x7FC0;
 
+// Kernel variant under test: the m-block (128 = tokens as wgmma's M operand; 16/32/64 = swapped
+// operands) and, for the 128-row kernel, the output tile width (128 or 256; 256 falls back to 128
+// when N % 256 != 0, which the N = 384 cases check).
+struct GemmTile {
+  int tm, tn;
+};
+
+std::string tile_name(const GemmTile& t) {
+  return "tile_m" + std::to_string(t.tm) + (t.tn ? "_n" + std::to_string(t.tn) : "");
+}
+
+void set_tile(cuda::GroupedGemmParams& p, const GemmTile& t) {
+  p.tile_m = t.tm;
+  p.tile_n = t.tn;
+  // the 128 x 128 tile runs as two-CTA clusters (multicast A) where the n-blocks pair up (N = 512)
+  p.mcast = t.tm == 128 && t.tn == 128 ? 1 : 0;
+}
+
+void expect_tile_n(const cuda::GroupedGemmParams& p, const GemmTile& t) {
+  if (t.tm != 128) return;
+  EXPECT_EQ(cuda::grouped_tile_n(p), t.tn == 256 && p.N % 256 == 0 ? 256 : 128) << "N " << p.N;
+}
+
 // Contiguous: per-expert chunks aligned to 128 rows, padding rows marked by the sentinel;
 // GEMM1-style (output row = position) and GEMM2-style (scatter to a permuted row, row weight).
-class CudaGroupedGemm : public ::testing::TestWithParam<int> {};
+class CudaGroupedGemm : public ::testing::TestWithParam<GemmTile> {};
 
 TEST_P(CudaGroupedGemm, ContiguousExactBitwise) {
   SKIP_WITHOUT_SM90();
-  const int tm = GetParam();
-  std::mt19937 rng(1234 + tm);
-  // N = 512: four n-blocks, run as two-CTA clusters (multicast A) by the 128-row kernel
-  const int E = 5, N = 512, K = 384;
+  const GemmTile tile = GetParam();
+  const int tm = tile.tm;
+  std::mt19937 rng(1234 + tm + tile.tn);
+  // N = 512: four 128-column n-blocks (two-CTA clusters with the 128 tile) or two 256-column ones;
+  // N = 384: three n-blocks (the 256 tile falls back to 128)
+  const int E = 5, K = 384;
   const int counts[E] = {130, 0, 1, 256, 77};
-  for (bool scatter : {false, true}) {
-    SCOPED_TRACE(scatter ? "scatter + row weight" : "in place");
-    const HostGemm g = make_weights(E, N, K, scatter, rng);
-    std::vector<int32_t> sorted, blk;
-    int num_valid = 0;
-    for (int e = 0; e < E; ++e) num_valid += counts[e];
-    // a random permutation of the valid ids over the sorted positions
-    std::vector<int32_t> perm(num_valid);
-    for (int i = 0; i < num_valid; ++i) perm[i] = i;
-    std::shuffle(perm.begin(), perm.end(), rng);
-    int next = 0;
-    std::vector<int> row_expert;
-    for (int e = 0; e < E; ++e) {
-      const int padded = (counts[e] + tm - 1) / tm * tm;
-      for (int b = 0; b < padded / tm; ++b) blk.push_back(e);
-      for (int r = 0; r < padded; ++r) {
-        sorted.push_back(r < counts[e] ? perm[next++] : num_valid);
-        row_expert.push_back(e);
+  for (const int N : {512, 384})
+    for (bool scatter : {false, true}) {
+      SCOPED_TRACE(std::string(scatter ? "scatter + row weight" : "in place") + ", N " +
+                   std::to_string(N));
+      const HostGemm g = make_weights(E, N, K, scatter, rng);
+      std::vector<int32_t> sorted, blk;
+      int num_valid = 0;
+      for (int e = 0; e < E; ++e) num_valid += counts[e];
+      // a random permutation of the valid ids over the sorted positions
+      std::vector<int32_t> perm(num_valid);
+      for (int i = 0; i < num_valid; ++i) perm[i] = i;
+      std::shuffle(perm.begin(), perm.end(), rng);
+      int next = 0;
+      std::vector<int> row_expert;
+      for (int e = 0; e < E; ++e) {
+        const int padded = (counts[e] + tm - 1) / tm * tm;
+        for (int b = 0; b < padded / tm; ++b) blk.push_back(e);
+        for (int r = 0; r < padded; ++r) {
+          sorted.push_back(r < counts[e] ? perm[next++] : num_valid);
+          row_expert.push_back(e);
+        }
       }
-    }
-    const int64_t rows = static_cast<int64_t>(sorted.size());
-    const int64_t capacity = rows + 256;  // the layout's capacity exceeds the used rows
-    sorted.resize(capacity, num_valid);
-    blk.resize(capacity / tm, -1);
-    const std::vector<uint8_t> a = random_a(capacity, K, rng);
-    const std::vector<float> as = random_scales(capacity, K, rng);
-    std::vector<float> rw(num_valid);
-    for (auto& w : rw) w = (rng() % 3 == 0) ? 0.5f : (rng() % 2 ? 1.0f : 0.25f);
-    const Tensor dsorted = to_device(sorted, DType::kI32), dblk = to_device(blk, DType::kI32);
-    const Tensor dmeta =
-        to_device(std::vector<int32_t>{static_cast<int32_t>(rows), 0, 0, 0}, DType::kI32);
-    const Tensor drw = to_device(rw, DType::kF32);
-    cuda::GroupedGemmParams p;
-    p.tile_m = tm;
-    p.mcast = 1;  // four n-blocks: two-CTA clusters (128-row kernel)
-    p.a_rows = capacity;
-    p.expert_blk = static_cast<const int32_t*>(dblk.data());
-    p.num_rows_ptr = static_cast<const int32_t*>(dmeta.data());
-    p.sorted_ids = static_cast<const int32_t*>(dsorted.data());
-    p.num_valid = num_valid;
-    p.out_stride = N;
-    p.out_scatter = scatter;
-    p.row_weight = scatter ? static_cast<const float*>(drw.data()) : nullptr;
-    const int64_t out_rows = scatter ? num_valid : capacity;
-    const GemmRun r = run_gemm(p, g, a, as, out_rows, capacity / tm);
-    EXPECT_TRUE(r.canaries);
-    int64_t bad = 0, stray = 0;
-    std::vector<char> written(out_rows, 0);
-    for (int64_t pos = 0; pos < rows; ++pos) {
-      const int id = sorted[pos];
-      if (id >= num_valid) continue;
-      const int64_t orow = scatter ? id : pos;
-      written[orow] = 1;
-      for (int n = 0; n < N; ++n) {
-        const uint16_t want =
-            host_value(g, a, as, pos, row_expert[pos], n, scatter ? rw[id] : 1.0f);
-        if (r.out[orow * N + n] != want && bad++ < 5)
-          ADD_FAILURE() << "pos " << pos << " n " << n << ": got 0x" << std::hex
-                        << r.out[orow * N + n] << " want 0x" << want;
+      const int64_t rows = static_cast<int64_t>(sorted.size());
+      const int64_t capacity = rows + 256;  // the layout's capacity exceeds the used rows
+      sorted.resize(capacity, num_valid);
+      blk.resize(capacity / tm, -1);
+      const std::vector<uint8_t> a = random_a(capacity, K, rng);
+      const std::vector<float> as = random_scales(capacity, K, rng);
+      std::vector<float> rw(num_valid);
+      for (auto& w : rw) w = (rng() % 3 == 0) ? 0.5f : (rng() % 2 ? 1.0f : 0.25f);
+      const Tensor dsorted = to_device(sorted, DType::kI32), dblk = to_device(blk, DType::kI32);
+      const Tensor dmeta =
+          to_device(std::vector<int32_t>{static_cast<int32_t>(rows), 0, 0, 0}, DType::kI32);
+      const Tensor drw = to_device(rw, DType::kF32);
+      cuda::GroupedGemmParams p;
+      set_tile(p, tile);
+      p.N = N;
+      expect_tile_n(p, tile);
+      p.a_rows = capacity;
+      p.expert_blk = static_cast<const int32_t*>(dblk.data());
+      p.num_rows_ptr = static_cast<const int32_t*>(dmeta.data());
+      p.sorted_ids = static_cast<const int32_t*>(dsorted.data());
+      p.num_valid = num_valid;
+      p.out_stride = N;
+      p.out_scatter = scatter;
+      p.row_weight = scatter ? static_cast<const float*>(drw.data()) : nullptr;
+      const int64_t out_rows = scatter ? num_valid : capacity;
+      const GemmRun r = run_gemm(p, g, a, as, out_rows, capacity / tm);
+      EXPECT_TRUE(r.canaries);
+      int64_t bad = 0, stray = 0;
+      std::vector<char> written(out_rows, 0);
+      for (int64_t pos = 0; pos < rows; ++pos) {
+        const int id = sorted[pos];
+        if (id >= num_valid) continue;
+        const int64_t orow = scatter ? id : pos;
+        written[orow] = 1;
+        for (int n = 0; n < N; ++n) {
+          const uint16_t want =
+              host_value(g, a, as, pos, row_expert[pos], n, scatter ? rw[id] : 1.0f);
+          if (r.out[orow * N + n] != want && bad++ < 5)
+            ADD_FAILURE() << "pos " << pos << " n " << n << ": got 0x" << std::hex
+                          << r.out[orow * N + n] << " want 0x" << want;
+        }
       }
+      for (int64_t orow = 0; orow < out_rows; ++orow)
+        if (!written[orow])
+          for (int n = 0; n < N; ++n) stray += r.out[orow * N + n] != kPoisonBf16;
+      EXPECT_EQ(bad, 0);
+      EXPECT_EQ(stray, 0) << "rows that are padding were written";
     }
-    for (int64_t orow = 0; orow < out_rows; ++orow)
-      if (!written[orow])
-        for (int n = 0; n < N; ++n) stray += r.out[orow * N + n] != kPoisonBf16;
-    EXPECT_EQ(bad, 0);
-    EXPECT_EQ(stray, 0) << "rows that are padding were written";
-  }
 }
 
 // Masked: expert e owns rows [e * max_m, e * max_m + count[e]); max_m not a multiple of 128.
 TEST_P(CudaGroupedGemm, MaskedExactBitwise) {
   SKIP_WITHOUT_SM90();
-  const int tm = GetParam();
-  std::mt19937 rng(99 + tm);
-  // N = 384: three n-blocks (no clusters possible)
-  const int E = 6, N = 384, K = 512, max_m = 200;
+  const GemmTile tile = GetParam();
+  const int tm = tile.tm;
+  std::mt19937 rng(99 + tm + tile.tn);
+  // N = 384: three n-blocks (no clusters; the 256 tile falls back); N = 768: three 256-wide tiles
+  const int E = 6, K = 512, max_m = 200;
   const std::vector<int32_t> counts = {0, 200, 1, 129, 128, 57};
-  const HostGemm g = make_weights(E, N, K, true, rng);
-  const int64_t rows = int64_t(E) * max_m;
-  const std::vector<uint8_t> a = random_a(rows, K, rng);
-  const std::vector<float> as = random_scales(rows, K, rng);
-  const Tensor dcounts = to_device(counts, DType::kI32);
-  cuda::GroupedGemmParams p;
-  p.tile_m = tm;
-  p.masked = 1;
-  p.a_rows = rows;
-  p.counts = static_cast<const int32_t*>(dcounts.data());
-  p.E = E;
-  p.max_m = max_m;
-  p.out_stride = N;
-  const GemmRun r = run_gemm(p, g, a, as, rows, int64_t(E) * ((max_m + tm - 1) / tm));
-  EXPECT_TRUE(r.canaries);
-  int64_t bad = 0, stray = 0;
-  for (int e = 0; e < E; ++e)
-    for (int i = 0; i < max_m; ++i) {
-      const int64_t row = int64_t(e) * max_m + i;
-      for (int n = 0; n < N; ++n) {
-        if (i < counts[e]) {
-          const uint16_t want = host_value(g, a, as, row, e, n, 1.0f);
-          if (r.out[row * N + n] != want && bad++ < 5)
-            ADD_FAILURE() << "e " << e << " row " << i << " n " << n << ": got 0x" << std::hex
-                          << r.out[row * N + n] << " want 0x" << want;
-        } else {
-          stray += r.out[row * N + n] != kPoisonBf16;
+  for (const int N : {384, 768}) {
+    SCOPED_TRACE("N " + std::to_string(N));
+    const HostGemm g = make_weights(E, N, K, true, rng);
+    const int64_t rows = int64_t(E) * max_m;
+    const std::vector<uint8_t> a = random_a(rows, K, rng);
+    const std::vector<float> as = random_scales(rows, K, rng);
+    const Tensor dcounts = to_device(counts, DType::kI32);
+    cuda::GroupedGemmParams p;
+    set_tile(p, tile);
+    p.mcast = -1;  // the library's default (no clusters)
+    p.N = N;
+    expect_tile_n(p, tile);
+    p.masked = 1;
+    p.a_rows = rows;
+    p.counts = static_cast<const int32_t*>(dcounts.data());
+    p.E = E;
+    p.max_m = max_m;
+    p.out_stride = N;
+    const GemmRun r = run_gemm(p, g, a, as, rows, int64_t(E) * ((max_m + tm - 1) / tm));
+    EXPECT_TRUE(r.canaries);
+    int64_t bad = 0, stray = 0;
+    for (int e = 0; e < E; ++e)
+      for (int i = 0; i < max_m; ++i) {
+        const int64_t row = int64_t(e) * max_m + i;
+        for (int n = 0; n < N; ++n) {
+          if (i < counts[e]) {
+            const uint16_t want = host_value(g, a, as, row, e, n, 1.0f);
+            if (r.out[row * N + n] != want && bad++ < 5)
+              ADD_FAILURE() << "e " << e << " row " << i << " n " << n << ": got 0x" << std::hex
+                            << r.out[row * N + n] << " want 0x" << want;
+          } else {
+            stray += r.out[row * N + n] != kPoisonBf16;
+          }
         }
       }
-    }
-  EXPECT_EQ(bad, 0);
-  EXPECT_EQ(stray, 0) << "rows past the counts were written";
+    EXPECT_EQ(bad, 0);
+    EXPECT_EQ(stray, 0) << "rows past the counts were written";
+  }
 }
 
-INSTANTIATE_TEST_SUITE_P(TileM, CudaGroupedGemm, ::testing::Values(128, 16, 32, 64),
-                         [](const auto& info) { return "tile_m" + std::to_string(info.param); });
+INSTANTIATE_TEST_SUITE_P(TileM, CudaGroupedGemm,
+                         ::testing::Values(GemmTile{128, 128}, GemmTile{128, 256}, GemmTile{16, 0},
+                                           GemmTile{32, 0}, GemmTile{64, 0}),
+                         [](const auto& info) { return tile_name(info.param); });
+
+// GEMM1 with the fused activation + 1x128 quantisation epilogue (fuse_act, the 256 tile with
+// paired gate/up halves) against the unfused chain on the same device (GEMM1 with bf16 output,
+// launch_activation, launch_quant): q and the group scales must be bitwise equal, on random
+// non-exact data, for several activations, the fused SiLU+quant semantics (h in f32, scale floor),
+// UE8M0 scales and bias; contiguous with padding rows and masked with empty / partial experts.
+struct FuseCase {
+  std::string name;
+  cuda::Act act;
+  bool limit, fp32_silu, ue8m0, bias, masked;
+};
+
+class CudaGroupedFusedAct : public ::testing::TestWithParam<FuseCase> {};
+
+TEST_P(CudaGroupedFusedAct, BitwiseEqualToTheUnfusedChain) {
+  SKIP_WITHOUT_SM90();
+  const FuseCase& fc = GetParam();
+  std::mt19937 rng(77);
+  const int E = 4, I = 256, N = 2 * I, K = 384;
+  std::normal_distribution<float> nd(0.0f, 1.5f);
+  std::uniform_real_distribution<float> ud(0.5f, 2.0f);
+  HostGemm g{E, N, K, {}, {}, {}};
+  g.b.resize(size_t(E) * N * K);
+  for (auto& c : g.b) c = numerics::float_to_e4m3fn(nd(rng));
+  g.b_scale.resize(size_t(E) * (N / 128) * (K / 128));
+  for (auto& x : g.b_scale) x = 0.01f * ud(rng);
+  if (fc.bias) {
+    g.bias.resize(size_t(E) * N);
+    for (auto& x : g.bias) x = 0.5f * nd(rng);
+  }
+  // rows: contiguous chunks aligned to 128 with padding rows, or masked slabs
+  std::vector<int32_t> sorted, blk, counts;
+  int num_valid = 0;
+  int64_t rows = 0, max_mblk = 0;
+  const int max_m = 200;
+  if (fc.masked) {
+    counts = {0, 200, 57, 129};
+    rows = int64_t(E) * max_m;
+    max_mblk = int64_t(E) * ((max_m + 127) / 128);
+  } else {
+    const int cnt[E] = {130, 0, 77, 256};
+    for (int e = 0; e < E; ++e) num_valid += cnt[e];
+    int next = 0;
+    for (int e = 0; e < E; ++e) {
+      const int padded = (cnt[e] + 127) / 128 * 128;
+      for (int b = 0; b < padded / 128; ++b) blk.push_back(e);
+      for (int r = 0; r < padded; ++r) sorted.push_back(r < cnt[e] ? next++ : num_valid);
+    }
+    rows = static_cast<int64_t>(sorted.size()) + 128;  // capacity above the used rows
+    sorted.resize(rows, num_valid);
+    blk.resize(rows / 128, -1);
+    max_mblk = rows / 128;
+  }
+  std::vector<uint8_t> a(size_t(rows) * K);
+  for (auto& c : a) c = numerics::float_to_e4m3fn(nd(rng));
+  std::vector<float> as(size_t(rows) * (K / 128));
+  for (auto& x : as) x = 0.02f * ud(rng);
+  const Tensor da = to_device(a, DType::kU8), das = to_device(as, DType::kF32);
+  const Tensor db = to_device(g.b, DType::kU8), dbs = to_device(g.b_scale, DType::kF32);
+  Tensor dbias;
+  if (fc.bias) dbias = to_device(g.bias, DType::kF32);
+  Tensor dsorted, dblk, dmeta, dcounts, dids;
+  cuda::GroupedGemmParams p;
+  p.tile_m = 128;
+  p.N = N;
+  p.K = K;
+  p.a_rows = rows;
+  p.a_scale = static_cast<const float*>(das.data());
+  p.a_scale_stride = K / 128;
+  p.b_scale = static_cast<const float*>(dbs.data());
+  p.b_scale_e_stride = (N / 128) * (K / 128);
+  p.b_scale_n_stride = K / 128;
+  p.bias = fc.bias ? dbias.data() : nullptr;
+  cuda::RowSet rs;
+  if (fc.masked) {
+    dcounts = to_device(counts, DType::kI32);
+    dids = Tensor::empty({rows}, DType::kI32, Device::cuda());
+    dmeta = Tensor::empty({4}, DType::kI32, Device::cuda());
+    cuda::launch_masked_rows(static_cast<const int32_t*>(dcounts.data()), E, max_m,
+                             static_cast<int32_t*>(dids.data()),
+                             static_cast<int32_t*>(dmeta.data()), nullptr);
+    p.masked = 1;
+    p.counts = static_cast<const int32_t*>(dcounts.data());
+    p.E = E;
+    p.max_m = max_m;
+    rs = cuda::RowSet{static_cast<const int32_t*>(dids.data()),
+                      static_cast<const int32_t*>(dmeta.data()), static_cast<int32_t>(rows),
+                      static_cast<int32_t>(rows)};
+  } else {
+    dsorted = to_device(sorted, DType::kI32);
+    dblk = to_device(blk, DType::kI32);
+    dmeta = to_device(std::vector<int32_t>{static_cast<int32_t>(rows - 128), 0, 0, 0}, DType::kI32);
+    p.expert_blk = static_cast<const int32_t*>(dblk.data());
+    p.num_rows_ptr = static_cast<const int32_t*>(dmeta.data());
+    p.sorted_ids = static_cast<const int32_t*>(dsorted.data());
+    p.num_valid = num_valid;
+    rs = cuda::RowSet{static_cast<const int32_t*>(dsorted.data()),
+                      static_cast<const int32_t*>(dmeta.data()), static_cast<int32_t>(rows),
+                      num_valid};
+  }
+  cuda::ActParams ap;
+  ap.act = static_cast<int32_t>(fc.act);
+  if (fc.limit) {
+    ap.has_limit = 1;
+    ap.limit = 7.0f;
+  }
+  if (fc.act == cuda::Act::kSwigluOaiUninterleave) {
+    ap.limit = 7.0f;
+    ap.alpha = 1.702f;
+    ap.beta = 1.0f;
+  }
+  ap.fp32_silu = fc.fp32_silu ? 1 : 0;
+  const bool h_f32 = fc.fp32_silu;
+  const float min_scale = fc.fp32_silu ? 1.0f / (448.0f * 512.0f) : 0.0f;
+  Tensor y1 = Tensor::empty({rows, N}, DType::kBF16, Device::cuda());
+  Tensor h = Tensor::empty({rows, I}, h_f32 ? DType::kF32 : DType::kBF16, Device::cuda());
+  Tensor q0 = Tensor::empty({rows, I}, DType::kU8, Device::cuda());
+  Tensor q1 = Tensor::empty({rows, I}, DType::kU8, Device::cuda());
+  Tensor s0 = Tensor::empty({rows, I / 128}, DType::kF32, Device::cuda());
+  Tensor s1 = Tensor::empty({rows, I / 128}, DType::kF32, Device::cuda());
+  for (Tensor* t : {&q0, &q1, &s0, &s1})
+    ASSERT_EQ(cudaMemset(t->data(), 0xFF, t->nbytes()), cudaSuccess);
+  // unfused
+  {
+    cuda::GroupedGemmParams u = p;
+    u.tile_n = 256;
+    u.out = static_cast<uint16_t*>(y1.data());
+    u.out_stride = N;
+    cuda::launch_grouped_gemm(u, static_cast<const uint8_t*>(da.data()),
+                              static_cast<const uint8_t*>(db.data()), int64_t(E) * N, max_mblk,
+                              nullptr);
+    cuda::launch_activation(y1.data(), false, N, rs, I, ap, h.data(), h_f32, I, nullptr);
+    cuda::QuantSpec qs;
+    qs.kind = cuda::AQuant::kGroupDynamic;
+    qs.gk = 128;
+    qs.ue8m0 = fc.ue8m0;
+    qs.min_scale = min_scale;
+    cuda::launch_quant(qs, h.data(), h_f32, I, rs, cuda::RowScale{}, I,
+                       cuda::QuantOut{static_cast<uint8_t*>(q0.data()), I,
+                                      static_cast<float*>(s0.data()), I / 128},
+                       nullptr);
+  }
+  // fused
+  {
+    cuda::GroupedGemmParams f = p;
+    f.fuse_act = 1;
+    f.act = ap;
+    f.act_h_f32 = h_f32 ? 1 : 0;
+    f.q_ue8m0 = fc.ue8m0 ? 1 : 0;
+    f.q_min_scale = min_scale;
+    f.q_out = static_cast<uint8_t*>(q1.data());
+    f.q_stride = I;
+    f.q_scale = static_cast<float*>(s1.data());
+    f.q_scale_stride = I / 128;
+    cuda::launch_grouped_gemm(f, static_cast<const uint8_t*>(da.data()),
+                              static_cast<const uint8_t*>(db.data()), int64_t(E) * N, max_mblk,
+                              nullptr);
+  }
+  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  const Tensor hq0 = q0.to(Device::cpu()), hq1 = q1.to(Device::cpu());
+  const Tensor hs0 = s0.to(Device::cpu()), hs1 = s1.to(Device::cpu());
+  int64_t bad_q = 0, bad_s = 0, stored = 0;
+  for (int64_t r = 0; r < rows; ++r) {
+    for (int c = 0; c < I / 128; ++c) {
+      const float x0 = hs0.ptr<float>()[r * (I / 128) + c],
+                  x1 = hs1.ptr<float>()[r * (I / 128) + c];
+      uint32_t b0, b1;
+      std::memcpy(&b0, &x0, 4);
+      std::memcpy(&b1, &x1, 4);
+      if (b0 != b1 && bad_s++ < 5)
+        ADD_FAILURE() << "row " << r << " group " << c << ": scale " << x1 << " want " << x0;
+      stored += b0 != 0xFFFFFFFFu;
+    }
+    for (int c = 0; c < I; ++c) {
+      const uint8_t x0 = hq0.ptr<uint8_t>()[r * I + c], x1 = hq1.ptr<uint8_t>()[r * I + c];
+      if (x0 != x1 && bad_q++ < 5)
+        ADD_FAILURE() << "row " << r << " col " << c << ": q 0x" << std::hex << int(x1)
+                      << " want 0x" << int(x0);
+    }
+  }
+  EXPECT_EQ(bad_q, 0);
+  EXPECT_EQ(bad_s, 0);
+  const int64_t want_stored =
+      (fc.masked ? int64_t(0 + 200 + 57 + 129) : int64_t(num_valid)) * (I / 128);
+  EXPECT_EQ(stored, want_stored) << "the unfused chain stores every valid row";
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Cases, CudaGroupedFusedAct,
+    ::testing::Values(
+        FuseCase{"silu", cuda::Act::kSilu, false, false, false, false, false},
+        FuseCase{"silu_masked_bias", cuda::Act::kSilu, false, false, false, true, true},
+        FuseCase{"silu_limit", cuda::Act::kSilu, true, false, false, false, false},
+        FuseCase{"fused_silu_quant", cuda::Act::kSilu, false, true, false, false, false},
+        FuseCase{"silu_ue8m0", cuda::Act::kSilu, false, false, true, true, false},
+        FuseCase{"gelu", cuda::Act::kGelu, false, false, false, false, true},
+        FuseCase{"swigluoai_uninterleave", cuda::Act::kSwigluOaiUninterleave, false, false, false,
+                 true, false}),
+    [](const auto& info) { return info.param.name; });
 
 // ---- the layer --------------------------------------------------------------------------------
 
@@ -644,6 +881,18 @@ TEST(CudaGroupedSelection, RegistryLimitsAndShapeRule) {
   EXPECT_FALSE(cuda::deep_gemm_shape_ok(4096, 512, 7168));   // N <= 512
   EXPECT_FALSE(cuda::deep_gemm_shape_ok(4096, 1000, 7168));  // N unaligned
   EXPECT_FALSE(cuda::deep_gemm_shape_ok(4096, 1024, 7000));  // K unaligned
+  // the 128-row kernel's tile width: 256 only where N % 256 == 0
+  cuda::GroupedGemmParams gp;
+  gp.N = 512;
+  gp.tile_n = 256;
+  EXPECT_EQ(cuda::grouped_tile_n(gp), 256);
+  gp.N = 384;
+  EXPECT_EQ(cuda::grouped_tile_n(gp), 128);
+  gp.N = 512;
+  gp.tile_n = 128;
+  EXPECT_EQ(cuda::grouped_tile_n(gp), 128);
+  gp.tile_n = 192;
+  EXPECT_THROW(cuda::grouped_tile_n(gp), ValueError);
   // supports_config: B128 FP8 only
   const ExpertsImpl& g = cuda::grouped_impl();
   MoeConfig cfg;

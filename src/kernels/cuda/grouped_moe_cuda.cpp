@@ -44,6 +44,34 @@ int64_t tile_m_for(double rows_per_expert) {
   return swap ? grouped_tile_m(rows_per_expert) : 128;
 }
 
+// GEMM1 with the activation and the 1x128 quantisation of h fused into its epilogue (the 256 tile
+// with paired gate/up halves; GroupedGemmParams::fuse_act): opt-in with FP8MOE_GROUPED_FUSE_ACT=1
+// until measured on the card. Needs the 128-row kernel (bm = 128).
+QuantSpec group_quant(const MoeProblem& p, bool second, unsigned* amax);
+
+bool fuse_act_wanted(int64_t bm) {
+  static const bool env = [] {
+    const char* v = std::getenv("FP8MOE_GROUPED_FUSE_ACT");
+    return v && v[0] == '1';
+  }();
+  return env && bm == 128;
+}
+
+// GEMM1's fused epilogue: the same activation and quantisation as launch_activation + launch_quant
+// with group_quant(p, true, .) would apply (h kept f32 for the fused SiLU+quant semantics).
+void set_fused_act(GroupedGemmParams& g, const MoeProblem& p, uint8_t* qh, float* sh) {
+  g.fuse_act = 1;
+  g.act = p.ap;
+  g.act_h_f32 = p.fused_silu_quant ? 1 : 0;
+  const QuantSpec q = group_quant(p, true, nullptr);
+  g.q_ue8m0 = q.ue8m0 ? 1 : 0;
+  g.q_min_scale = q.min_scale;
+  g.q_out = qh;
+  g.q_stride = p.I;
+  g.q_scale = sh;
+  g.q_scale_stride = p.I / 128;
+}
+
 std::string limit_of(const MoeProblem& p) {
   if (p.x_f32) return "f32 activations (the DeepGEMM contract takes bf16)";
   if (!p.gated) return "non-gated activations";
@@ -142,6 +170,9 @@ void run_contiguous_chunk(const MoeProblem& p, const void* x, void* out, const v
   }
   const int64_t max_mblk = L.capacity / bm;
   void* y1 = ws + L.y1;
+  uint8_t* qh = ws + L.qh;
+  float* sh = reinterpret_cast<float*>(ws + L.sh);
+  const bool fuse = fuse_act_wanted(bm);
   {
     GroupedGemmParams g = gemm_params(p.w1, p.N1, p.H, L.capacity, sx);
     g.tile_m = static_cast<int32_t>(bm);
@@ -151,16 +182,17 @@ void run_contiguous_chunk(const MoeProblem& p, const void* x, void* out, const v
     g.num_valid = pairs;
     g.out = static_cast<uint16_t*>(y1);
     g.out_stride = p.N1;
+    if (fuse) set_fused_act(g, p, qh, sh);
     launch_grouped_gemm(g, qx, p.w1.w, p.E * p.N1, max_mblk, st);
   }
-  const bool h_f32 = p.fused_silu_quant;
-  void* h = ws + L.h;
-  const RowSet srows{al.sorted_ids, al.meta, static_cast<int32_t>(L.capacity), pairs};
-  launch_activation(y1, false, p.N1, srows, static_cast<int>(p.I), p.ap, h, h_f32, p.I, st);
-  uint8_t* qh = ws + L.qh;
-  float* sh = reinterpret_cast<float*>(ws + L.sh);
-  launch_quant(group_quant(p, true, amax), h, h_f32, p.I, srows, RowScale{}, static_cast<int>(p.I),
-               QuantOut{qh, p.I, sh, p.I / 128}, st);
+  if (!fuse) {
+    const bool h_f32 = p.fused_silu_quant;
+    void* h = ws + L.h;
+    const RowSet srows{al.sorted_ids, al.meta, static_cast<int32_t>(L.capacity), pairs};
+    launch_activation(y1, false, p.N1, srows, static_cast<int>(p.I), p.ap, h, h_f32, p.I, st);
+    launch_quant(group_quant(p, true, amax), h, h_f32, p.I, srows, RowScale{},
+                 static_cast<int>(p.I), QuantOut{qh, p.I, sh, p.I / 128}, st);
+  }
   void* y2 = ws + L.y2;
   {
     GroupedGemmParams g = gemm_params(p.w2, p.H, p.I, L.capacity, sh);
@@ -303,6 +335,9 @@ void run_masked(const FusedMoeArgs& args, void* workspace) {
   const int64_t bm = tile_m_for(double(mp.max_m));
   const int64_t max_mblk = mp.E * ceil_div(mp.max_m, bm);
   void* y1 = ws + L.y1;
+  uint8_t* qh = ws + L.qh;
+  float* sh = reinterpret_cast<float*>(ws + L.sh);
+  const bool fuse = fuse_act_wanted(bm);
   {
     GroupedGemmParams g = gemm_params(p.w1, p.N1, p.H, rows, sx);
     g.tile_m = static_cast<int32_t>(bm);
@@ -312,15 +347,16 @@ void run_masked(const FusedMoeArgs& args, void* workspace) {
     g.max_m = static_cast<int32_t>(mp.max_m);
     g.out = static_cast<uint16_t*>(y1);
     g.out_stride = p.N1;
+    if (fuse) set_fused_act(g, p, qh, sh);
     launch_grouped_gemm(g, qx, p.w1.w, p.E * p.N1, max_mblk, st);
   }
-  const bool h_f32 = p.fused_silu_quant;
-  void* h = ws + L.h;
-  launch_activation(y1, false, p.N1, vrows, static_cast<int>(p.I), p.ap, h, h_f32, p.I, st);
-  uint8_t* qh = ws + L.qh;
-  float* sh = reinterpret_cast<float*>(ws + L.sh);
-  launch_quant(group_quant(p, true, amax), h, h_f32, p.I, vrows, RowScale{}, static_cast<int>(p.I),
-               QuantOut{qh, p.I, sh, p.I / 128}, st);
+  if (!fuse) {
+    const bool h_f32 = p.fused_silu_quant;
+    void* h = ws + L.h;
+    launch_activation(y1, false, p.N1, vrows, static_cast<int>(p.I), p.ap, h, h_f32, p.I, st);
+    launch_quant(group_quant(p, true, amax), h, h_f32, p.I, vrows, RowScale{},
+                 static_cast<int>(p.I), QuantOut{qh, p.I, sh, p.I / 128}, st);
+  }
   {
     GroupedGemmParams g = gemm_params(p.w2, p.H, p.I, rows, sh);
     g.tile_m = static_cast<int32_t>(bm);

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cstdlib>
 #include <mutex>
+#include <string>
 
 #include "fp8moe/error.hpp"
 
@@ -24,6 +25,32 @@ int sm_count() {
 }  // namespace
 
 int grouped_gemm_smem_bytes() { return kGSmemBytes; }
+
+namespace {
+bool mcast_wanted(const GroupedGemmParams& p) {
+  static const bool env = [] {
+    const char* v = std::getenv("FP8MOE_GROUPED_MCAST");
+    return v && v[0] == '1';
+  }();
+  return p.mcast < 0 ? env : p.mcast > 0;
+}
+}  // namespace
+
+int grouped_tile_n(const GroupedGemmParams& p) {
+  static const int env = [] {
+    const char* v = std::getenv("FP8MOE_GROUPED_TILE_N");
+    if (!v || !*v) return 0;
+    const int t = std::atoi(v);
+    if (t != 128 && t != 256)
+      throw ValueError(std::string("FP8MOE_GROUPED_TILE_N='") + v + "' is not 128 or 256");
+    return t;
+  }();
+  if (p.tile_n != 0 && p.tile_n != 128 && p.tile_n != 256)
+    throw ValueError("grouped GEMM: tile_n must be 0, 128 or 256");
+  int want = p.tile_n ? p.tile_n : env;
+  if (want == 0) want = mcast_wanted(p) ? kGBN : kG2BN;
+  return (want == kG2BN && p.N % kG2BN == 0) ? kG2BN : kGBN;
+}
 
 int grouped_tile_m(double rows_per_expert) {
   if (rows_per_expert <= 16) return 16;
@@ -54,6 +81,8 @@ void launch_swap(const GroupedGemmParams& p, const uint8_t* a, const uint8_t* b,
 void launch_grouped_gemm(const GroupedGemmParams& p, const uint8_t* a, const uint8_t* b,
                          int64_t b_rows, int64_t max_m_blocks, cudaStream_t stream) {
   if (max_m_blocks <= 0 || p.N <= 0 || p.K <= 0 || p.a_rows <= 0) return;
+  if (p.fuse_act && p.tile_m != 128)
+    throw ValueError("grouped GEMM: the fused activation runs on the 128-row kernel only");
   switch (p.tile_m) {
     case 16:
       return launch_swap<16>(p, a, b, b_rows, max_m_blocks, stream);
@@ -72,15 +101,37 @@ void launch_grouped_gemm(const GroupedGemmParams& p, const uint8_t* a, const uin
         grouped_gemm_kernel<1>, cudaFuncAttributeMaxDynamicSharedMemorySize, kGSmemBytes));
     FP8MOE_CUDA_CHECK(cudaFuncSetAttribute(
         grouped_gemm_kernel<2>, cudaFuncAttributeMaxDynamicSharedMemorySize, kGSmemBytes));
+    FP8MOE_CUDA_CHECK(cudaFuncSetAttribute(
+        grouped_gemm_n256_kernel<0>, cudaFuncAttributeMaxDynamicSharedMemorySize, kG2SmemBytes));
+    FP8MOE_CUDA_CHECK(cudaFuncSetAttribute(
+        grouped_gemm_n256_kernel<1>, cudaFuncAttributeMaxDynamicSharedMemorySize, kG2SmemBytes));
   });
+  if (p.fuse_act) {
+    if (p.N % kG2BN != 0 || p.out_scatter || p.row_weight || !p.q_out || !p.q_scale)
+      throw ValueError(
+          "grouped GEMM: the fused activation needs N % 256 == 0, no scatter, no row weight and "
+          "q_out / q_scale");
+    const CUtensorMap tm_a = make_tma_2d_u8(a, p.K, p.a_rows, kGBK, kGBM);
+    const CUtensorMap tm_b = make_tma_2d_u8(b, p.K, b_rows, kGBK, kGBN);
+    const int64_t tiles = max_m_blocks * (p.N / kG2BN);
+    const unsigned grid = static_cast<unsigned>(std::min<int64_t>(tiles, sm_count()));
+    grouped_gemm_n256_kernel<1><<<grid, kGThreads, kG2SmemBytes, stream>>>(p, tm_a, tm_b);
+    FP8MOE_CUDA_CHECK_LAUNCH();
+    return;
+  }
+  if (grouped_tile_n(p) == kG2BN) {
+    const CUtensorMap tm_a = make_tma_2d_u8(a, p.K, p.a_rows, kGBK, kGBM);
+    const CUtensorMap tm_b = make_tma_2d_u8(b, p.K, b_rows, kGBK, kGBN);  // one 128-row half
+    const int64_t tiles = max_m_blocks * (p.N / kG2BN);
+    const unsigned grid = static_cast<unsigned>(std::min<int64_t>(tiles, sm_count()));
+    grouped_gemm_n256_kernel<0><<<grid, kGThreads, kG2SmemBytes, stream>>>(p, tm_a, tm_b);
+    FP8MOE_CUDA_CHECK_LAUNCH();
+    return;
+  }
   // two-CTA clusters sharing the A tile when the n-blocks pair up: opt-in (FP8MOE_GROUPED_MCAST=1
   // or p.mcast = 1). Correct on the card but measured about 2x SLOWER than without clusters
   // (docs/PERFORMANCE.md, run 2), so off by default until the cause is found.
-  static const bool mcast_env = [] {
-    const char* v = std::getenv("FP8MOE_GROUPED_MCAST");
-    return v && v[0] == '1';
-  }();
-  const bool want_mc = p.mcast < 0 ? mcast_env : p.mcast > 0;
+  const bool want_mc = mcast_wanted(p);
   const int mc = (want_mc && (p.N / kGBN) % 2 == 0) ? 2 : 1;
   const CUtensorMap tm_a = make_tma_2d_u8(a, p.K, p.a_rows, kGBK, kGBM / mc);
   const CUtensorMap tm_b = make_tma_2d_u8(b, p.K, b_rows, kGBK, kGBN);

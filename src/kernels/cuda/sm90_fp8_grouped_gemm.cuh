@@ -16,10 +16,14 @@
 // Epilogue per warpgroup: bias, row weight, rounding to bf16, staged through padded shared memory
 // (conflict-free), 16-byte stores to the destination rows (sorted position, (token, slot) row or
 // masked slab row).
+// Variants: grouped_gemm_n256_kernel (128 x 256 tiles, two 128-row B halves per stage; the default
+// where N % 256 == 0), with an optional GEMM1 epilogue that fuses the gated activation and the 1 x
+// 128 quantisation of h (paired gate/up halves); grouped_gemm_swap_kernel (<= 64 rows per expert).
 #pragma once
 
 #include "cuda_common.cuh"
 #include "sm90_fp8_grouped_gemm.hpp"
+#include "smxx_fp8_quant.cuh"
 
 namespace fp8moe::cuda {
 
@@ -31,7 +35,8 @@ constexpr int kGBStage = kGBN * kGBK;  // 16 KB
 constexpr int kGStageBytes = kGAStage + kGBStage;
 constexpr int kGEpiPitch = kGBN + 8;                 // bf16 per staged row (272 B: no conflicts)
 constexpr int kGEpiBytes = 2 * 64 * kGEpiPitch * 2;  // both consumer warpgroups
-constexpr int kGGroupM = 8;                          // m-blocks per scheduling group
+constexpr int kGGroupM =
+    8;  // m-blocks per scheduling group (default of GroupedGemmParams::group_m)
 constexpr int kGSmemBytes = 1024 + kGStages * kGStageBytes + kGEpiBytes + 2 * kGStages * 8 +
                             (kGroupedMaxExperts + 1) * 4 + 64;
 
@@ -174,10 +179,11 @@ struct GTile {
 template <int kBM = kGBM>
 __device__ __forceinline__ GTile gg_tile(const GroupedGemmParams& p, const int* pref, int total_m,
                                          int n_tiles_n, int t) {
-  const int per_group = kGGroupM * n_tiles_n;
+  const int group_m = p.group_m > 0 ? p.group_m : kGGroupM;
+  const int per_group = group_m * n_tiles_n;
   const int grp = t / per_group, rem = t % per_group;
-  const int m_first = grp * kGGroupM;
-  const int gm = min(kGGroupM, total_m - m_first);
+  const int m_first = grp * group_m;
+  const int gm = min(group_m, total_m - m_first);
   const int mb = m_first + rem % gm;
   GTile g;
   g.nt = rem / gm;
@@ -201,6 +207,43 @@ __device__ __forceinline__ GTile gg_tile(const GroupedGemmParams& p, const int* 
     g.rows = kBM;
   }
   return g;
+}
+
+// Masked layout: exclusive prefix of kBM-row blocks per expert into pref[0..E], by one warp (tid <
+// 32).
+template <int kBM>
+__device__ __forceinline__ void gg_masked_prefix(const GroupedGemmParams& p, int* pref, int tid) {
+  int carry = 0;
+  if (tid == 0) pref[0] = 0;
+  for (int base = 0; base < p.E; base += 32) {
+    const int e = base + tid;
+    const int c = e < p.E ? min(max(p.counts[e], 0), p.max_m) : 0;
+    int incl = (c + kBM - 1) / kBM;
+#pragma unroll
+    for (int o = 1; o < 32; o <<= 1) {
+      const int n = __shfl_up_sync(0xffffffffu, incl, o);
+      if (tid >= o) incl += n;
+    }
+    if (e < p.E) pref[e + 1] = carry + incl;
+    carry += __shfl_sync(0xffffffffu, incl, 31);
+  }
+}
+
+// Destination of tile row r (-1: not stored) and its row weight.
+__device__ __forceinline__ void gg_row_dest(const GroupedGemmParams& p, const GTile& g, int r,
+                                            int& dst, float& w) {
+  dst = -1;
+  w = 1.0f;
+  if (p.masked) {
+    if (r < g.rows) dst = g.row0 + r;
+  } else {
+    const int pos = g.row0 + r;
+    const int id = p.sorted_ids ? p.sorted_ids[pos] : pos;
+    if (!p.sorted_ids || id < p.num_valid) {
+      dst = p.out_scatter ? id : pos;
+      if (p.row_weight) w = p.row_weight[id];
+    }
+  }
 }
 
 // kMc = 2: clusters of two CTAs on the same m-block and adjacent n-blocks; each CTA loads half of
@@ -412,6 +455,299 @@ __global__ void __launch_bounds__(kGThreads, 1)
     }
   }
   if constexpr (kMc > 1) gg_cluster_sync();  // no multicast or remote arrive into a finished CTA
+}
+
+// ---- 128 x 256 tiles (BN = 256)
+// ------------------------------------------------------------------ Same warp specialisation,
+// promotion and epilogue semantics as grouped_gemm_kernel, on a 128-row x 256-column output tile:
+// 48 KB of L2 -> SM traffic per 128-wide K block for 8.4 MFLOP instead of 32 KB per 4.2 MFLOP
+// (0.75x the bytes per FLOP). A stage holds the 128 A rows (16 KB) and two 128-row B halves (16 KB
+// each), each its own TMA box: half 0 from weight rows n0, half 1 from rows n1 of the expert (the
+// plain layout has n1 = n0 + 128; a fused gate/up epilogue can pair gate block j with up block j
+// instead). Per K block each consumer warpgroup runs 4 x wgmma m64n128k32 for half 0 into one fresh
+// partial, promotes it into acc[0..63] with b_scale of 128-row block 2 nt, then the same for half 1
+// into acc[64..127] with block 2 nt + 1: the partials are the 128-wide tile's, so the output is
+// bitwise the same as with grouped_gemm_kernel. 4 stages (192 KB); the epilogue stages 64-column
+// quarters through 9 KB per warpgroup.
+constexpr int kG2BN = 256;
+constexpr int kG2Stages = 4;
+constexpr int kG2StageBytes = kGAStage + 2 * kGBStage;  // 48 KB
+constexpr int kG2EpiCols = 64;
+constexpr int kG2EpiPitch = kG2EpiCols + 8;  // 144 B per staged row: conflict-free both ways
+constexpr int kG2EpiBytes = 2 * 64 * kG2EpiPitch * 2;
+constexpr int kG2SmemBytes = 1024 + kG2Stages * kG2StageBytes + kG2EpiBytes + 2 * kG2Stages * 8 +
+                             (kGroupedMaxExperts + 1) * 4 + 64;
+static_assert(kG2SmemBytes + 2 * 64 * 8 <= 227 * 1024, "n256 tile: shared memory");
+static_assert(64 * kG2EpiPitch * 2 >= 64 * 144, "fused epilogue: q staging (64 rows x 144 B)");
+
+// GEMM1's fused epilogue (kFuse): acc[0..63] holds the gate columns and acc[64..127] the up
+// columns of h-columns [128 nt, 128 nt + 128) of this warpgroup's 64 rows (thread: rows lr and
+// lr + 8 of the warpgroup, h-columns 8 j + 2 q + c). Same operations and rounding points as the
+// unfused chain (GEMM1 with bf16 output, activation_kernel, quant_group_kernel<T, 128>); the
+// 128-column group of a row lies in the 4 lanes of a quad. q is staged in shared memory (64 rows
+// x 144 B) for 16-byte row stores.
+__device__ __forceinline__ void gg_fused_act_quant_epilogue(const GroupedGemmParams& p,
+                                                            const GTile& g, const float (&acc)[128],
+                                                            uint8_t* stage, const int* dst_rows,
+                                                            int cw, int lr, int q) {
+  const int I = p.N / 2;
+  const int hc0 = g.nt * kGBN;  // first h-column of the tile
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {  // rows lr, lr + 8
+    float hv[32];
+    float amax = 0.0f;
+#pragma unroll
+    for (int j = 0; j < 16; ++j)
+#pragma unroll
+      for (int c = 0; c < 2; ++c) {
+        const int col = 8 * j + 2 * q + c;
+        float bg = 0.0f, bu = 0.0f;
+        if (p.bias) {
+          const int64_t bi = int64_t(g.e) * p.N + hc0 + col;
+          if (p.bias_bf16) {
+            bg = bf16_bits_to_float(static_cast<const uint16_t*>(p.bias)[bi]);
+            bu = bf16_bits_to_float(static_cast<const uint16_t*>(p.bias)[bi + I]);
+          } else {
+            bg = static_cast<const float*>(p.bias)[bi];
+            bu = static_cast<const float*>(p.bias)[bi + I];
+          }
+        }
+        // y1 = bf16(acc + bias) (the unfused GEMM1 stores bf16 with row weight 1)
+        const float gv = bf16_round(acc[4 * j + 2 * h + c] + bg);
+        const float uv = bf16_round(acc[64 + 4 * j + 2 * h + c] + bu);
+        float v = act_gated(p.act, gv, uv);
+        if (!p.act_h_f32) v = bf16_round(v);
+        hv[2 * j + c] = v;
+        amax = fmaxf(amax, fabsf(v));
+      }
+    amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, 1));
+    amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, 2));
+    const float s = group_scale(amax, p.q_ue8m0 != 0, p.q_min_scale);
+    const int r = lr + 8 * h;
+    const int dst = dst_rows[r];
+    if (q == 0 && dst >= 0) p.q_scale[int64_t(dst) * p.q_scale_stride + g.nt] = s;
+#pragma unroll
+    for (int j = 0; j < 16; ++j)
+      *reinterpret_cast<uint16_t*>(stage + r * 144 + 8 * j + 2 * q) =
+          float2_to_e4m3x2(hv[2 * j] / s, hv[2 * j + 1] / s);
+  }
+  gg_bar(1 + cw, 128);
+  // 64 rows x 128 bytes: 8 lanes of 16 bytes per row
+  const int wtid = threadIdx.x % 128;
+#pragma unroll
+  for (int i = wtid; i < 64 * 8; i += 128) {
+    const int r = i >> 3, c = i & 7;
+    const int dst = dst_rows[r];
+    if (dst < 0) continue;
+    *reinterpret_cast<uint4*>(p.q_out + int64_t(dst) * p.q_stride + hc0 + c * 16) =
+        *reinterpret_cast<const uint4*>(stage + r * 144 + c * 16);
+  }
+}
+
+// kFuse = 1: GEMM1 with the fused activation + quantisation epilogue (GroupedGemmParams::fuse_act).
+template <int kFuse>
+__global__ void __launch_bounds__(kGThreads, 1)
+    grouped_gemm_n256_kernel(const __grid_constant__ GroupedGemmParams p,
+                             const __grid_constant__ CUtensorMap tm_a,
+                             const __grid_constant__ CUtensorMap tm_b) {
+  extern __shared__ uint8_t gg_smem_raw[];
+  uint8_t* smem = reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(gg_smem_raw) + 1023) &
+                                             ~uintptr_t(1023));
+  uint16_t* epi = reinterpret_cast<uint16_t*>(smem + kG2Stages * kG2StageBytes);
+  uint64_t* full = reinterpret_cast<uint64_t*>(smem + kG2Stages * kG2StageBytes + kG2EpiBytes);
+  uint64_t* empty = full + kG2Stages;
+  int* pref = reinterpret_cast<int*>(empty + kG2Stages);
+  __shared__ int s_dst[2][64];
+  __shared__ float s_w[2][64];
+
+  const int tid = threadIdx.x;
+  const int wg = tid / 128, wtid = tid % 128;
+  const int warp = wtid / 32, lane = tid % 32;
+  if (tid == 0) {
+    for (int i = 0; i < kG2Stages; ++i) {
+      mbar_init(&full[i], 1);
+      mbar_init(&empty[i], 8);  // one arrive per consumer warp
+    }
+    fence_barrier_init();
+  }
+  int total_m = 0;
+  if (p.masked) {
+    if (tid < 32) gg_masked_prefix<kGBM>(p, pref, tid);
+    __syncthreads();
+    total_m = pref[p.E];
+  } else {
+    __syncthreads();
+    total_m = *p.num_rows_ptr / kGBM;
+  }
+  const int n_tiles_n = p.N / kG2BN;
+  const int n_tiles = total_m * n_tiles_n;
+  const int num_kb = p.K / kGBK;
+
+  if (wg == 0) {
+    // =============================== producer ===============================================
+    gg_setmaxnreg_dec<40>();
+    if (wtid == 0) {
+      tma_prefetch_desc(&tm_a);
+      tma_prefetch_desc(&tm_b);
+      int it = 0;
+      for (int t = blockIdx.x; t < n_tiles; t += gridDim.x) {
+        const GTile g = gg_tile(p, pref, total_m, n_tiles_n, t);
+        // the two B halves: weight rows n0 and n1 of expert e (plain layout: n1 = n0 + 128; fused
+        // activation: gate block nt and up block nt of the packed w13)
+        const int brow0 = g.e * p.N + (kFuse ? g.nt * kGBN : g.nt * kG2BN);
+        const int brow1 = kFuse ? g.e * p.N + p.N / 2 + g.nt * kGBN : brow0 + kGBN;
+        for (int kb = 0; kb < num_kb; ++kb, ++it) {
+          const int s = it % kG2Stages;
+          const uint32_t ph = (it / kG2Stages) & 1;
+          mbar_wait(&empty[s], ph ^ 1);
+          uint8_t* dst = smem + s * kG2StageBytes;
+          mbar_arrive_expect_tx(&full[s], kG2StageBytes);
+          tma_load_2d(dst, &tm_a, &full[s], kb * kGBK, g.row0);
+          tma_load_2d(dst + kGAStage, &tm_b, &full[s], kb * kGBK, brow0);
+          tma_load_2d(dst + kGAStage + kGBStage, &tm_b, &full[s], kb * kGBK, brow1);
+        }
+      }
+    }
+    return;
+  }
+
+  // ================================= consumers ==============================================
+  gg_setmaxnreg_inc<232>();
+  const int cw = wg - 1;  // rows [64 cw, 64 cw + 64) of the tile
+  const int r_lo = cw * 64 + warp * 16 + (lane >> 2), r_hi = r_lo + 8;
+  const int q = lane & 3;
+  int it = 0;
+  for (int t = blockIdx.x; t < n_tiles; t += gridDim.x) {
+    const GTile g = gg_tile(p, pref, total_m, n_tiles_n, t);
+    const int64_t ar0 = int64_t(g.row0) + r_lo, ar1 = int64_t(g.row0) + r_hi;
+    // rows past A's end (masked tail) read scale 0: their outputs are never stored
+    const float* as0 = ar0 < p.a_rows ? p.a_scale + ar0 * p.a_scale_stride : nullptr;
+    const float* as1 = ar1 < p.a_rows ? p.a_scale + ar1 * p.a_scale_stride : nullptr;
+    // b_scale of the halves' 128-row blocks: 2 nt and 2 nt + 1 (fused: nt and N / 256 + nt)
+    const int nb0 = kFuse ? g.nt : 2 * g.nt, nb1 = kFuse ? p.N / kG2BN + g.nt : 2 * g.nt + 1;
+    const float* bs0 =
+        p.b_scale + int64_t(g.e) * p.b_scale_e_stride + int64_t(nb0) * p.b_scale_n_stride;
+    const float* bs1 =
+        p.b_scale + int64_t(g.e) * p.b_scale_e_stride + int64_t(nb1) * p.b_scale_n_stride;
+    float acc[128], part[64];
+#pragma unroll
+    for (int i = 0; i < 128; ++i) acc[i] = 0.0f;
+    float sa0 = as0 ? __ldg(as0) : 0.0f, sa1 = as1 ? __ldg(as1) : 0.0f;
+    float sb0 = __ldg(bs0), sb1 = __ldg(bs1);
+    for (int kb = 0; kb < num_kb; ++kb, ++it) {
+      const int s = it % kG2Stages;
+      const uint32_t ph = (it / kG2Stages) & 1;
+      mbar_wait(&full[s], ph);
+      const uint8_t* a_s = smem + s * kG2StageBytes + cw * (64 * kGBK);
+      const uint8_t* b_s = smem + s * kG2StageBytes + kGAStage;
+      const uint64_t da = gg_desc(a_s), db0 = gg_desc(b_s), db1 = gg_desc(b_s + kGBStage);
+      // half 0
+      gg_reg_fence(part);
+      gg_fence();
+#pragma unroll
+      for (int ks = 0; ks < 4; ++ks) gg_wgmma_n128(part, da + 2 * ks, db0 + 2 * ks, ks > 0);
+      gg_commit();
+      float na0 = 0.0f, na1 = 0.0f, nb0 = 0.0f, nb1 = 0.0f;
+      if (kb + 1 < num_kb) {
+        na0 = as0 ? __ldg(as0 + kb + 1) : 0.0f;
+        na1 = as1 ? __ldg(as1 + kb + 1) : 0.0f;
+        nb0 = __ldg(bs0 + kb + 1);
+        nb1 = __ldg(bs1 + kb + 1);
+      }
+      gg_wait0();
+      gg_reg_fence(part);
+      {
+        const float s0 = sa0 * sb0, s1 = sa1 * sb0;
+#pragma unroll
+        for (int j = 0; j < 16; ++j) {
+          acc[4 * j + 0] = fmaf(part[4 * j + 0], s0, acc[4 * j + 0]);
+          acc[4 * j + 1] = fmaf(part[4 * j + 1], s0, acc[4 * j + 1]);
+          acc[4 * j + 2] = fmaf(part[4 * j + 2], s1, acc[4 * j + 2]);
+          acc[4 * j + 3] = fmaf(part[4 * j + 3], s1, acc[4 * j + 3]);
+        }
+      }
+      // half 1
+      gg_reg_fence(part);
+      gg_fence();
+#pragma unroll
+      for (int ks = 0; ks < 4; ++ks) gg_wgmma_n128(part, da + 2 * ks, db1 + 2 * ks, ks > 0);
+      gg_commit();
+      gg_wait0();
+      gg_reg_fence(part);
+      if (lane == 0) mbar_arrive(&empty[s]);
+      {
+        const float s0 = sa0 * sb1, s1 = sa1 * sb1;
+#pragma unroll
+        for (int j = 0; j < 16; ++j) {
+          acc[64 + 4 * j + 0] = fmaf(part[4 * j + 0], s0, acc[64 + 4 * j + 0]);
+          acc[64 + 4 * j + 1] = fmaf(part[4 * j + 1], s0, acc[64 + 4 * j + 1]);
+          acc[64 + 4 * j + 2] = fmaf(part[4 * j + 2], s1, acc[64 + 4 * j + 2]);
+          acc[64 + 4 * j + 3] = fmaf(part[4 * j + 3], s1, acc[64 + 4 * j + 3]);
+        }
+      }
+      sa0 = na0;
+      sa1 = na1;
+      sb0 = nb0;
+      sb1 = nb1;
+    }
+
+    // ---- epilogue: four 64-column quarters through the warpgroup's staging buffer ----
+    uint16_t* stage = epi + cw * (64 * kG2EpiPitch);
+    gg_bar(1 + cw, 128);  // the previous tile's readers of stage / s_dst are done
+    if (wtid < 64) {
+      int dst;
+      float w;
+      gg_row_dest(p, g, cw * 64 + wtid, dst, w);
+      s_dst[cw][wtid] = dst;
+      s_w[cw][wtid] = w;
+    }
+    gg_bar(1 + cw, 128);
+    if constexpr (kFuse) {
+      gg_fused_act_quant_epilogue(p, g, acc, reinterpret_cast<uint8_t*>(stage), s_dst[cw], cw,
+                                  r_lo - cw * 64, q);
+      continue;
+    }
+    const float w_lo = s_w[cw][r_lo - cw * 64], w_hi = s_w[cw][r_hi - cw * 64];
+    const int n0 = g.nt * kG2BN;
+#pragma unroll
+    for (int qt = 0; qt < 4; ++qt) {
+      if (qt > 0) gg_bar(1 + cw, 128);  // the previous quarter's readers are done
+#pragma unroll
+      for (int jj = 0; jj < 8; ++jj) {
+        const int j = 8 * qt + jj;  // acc[4 j ..] holds columns 8 j + 2 q, + 1 (rows lo, hi)
+        const int col = 8 * j + 2 * q;
+        float b0 = 0.0f, b1 = 0.0f;
+        if (p.bias) {
+          const int64_t bi = int64_t(g.e) * p.N + n0 + col;
+          if (p.bias_bf16) {
+            b0 = bf16_bits_to_float(static_cast<const uint16_t*>(p.bias)[bi]);
+            b1 = bf16_bits_to_float(static_cast<const uint16_t*>(p.bias)[bi + 1]);
+          } else {
+            b0 = static_cast<const float*>(p.bias)[bi];
+            b1 = static_cast<const float*>(p.bias)[bi + 1];
+          }
+        }
+        const float v00 = (acc[4 * j + 0] + b0) * w_lo, v01 = (acc[4 * j + 1] + b1) * w_lo;
+        const float v10 = (acc[4 * j + 2] + b0) * w_hi, v11 = (acc[4 * j + 3] + b1) * w_hi;
+        const int sc = col - qt * kG2EpiCols;
+        *reinterpret_cast<uint32_t*>(stage + (r_lo - cw * 64) * kG2EpiPitch + sc) =
+            uint32_t(float_to_bf16_bits(v00)) | (uint32_t(float_to_bf16_bits(v01)) << 16);
+        *reinterpret_cast<uint32_t*>(stage + (r_hi - cw * 64) * kG2EpiPitch + sc) =
+            uint32_t(float_to_bf16_bits(v10)) | (uint32_t(float_to_bf16_bits(v11)) << 16);
+      }
+      gg_bar(1 + cw, 128);
+      // 64 rows x 128 bytes: 8 lanes per row
+#pragma unroll
+      for (int i = wtid; i < 64 * 8; i += 128) {
+        const int r = i >> 3, c = i & 7;
+        const int dst = s_dst[cw][r];
+        if (dst < 0) continue;
+        *reinterpret_cast<uint4*>(p.out + int64_t(dst) * p.out_stride + n0 + qt * kG2EpiCols +
+                                  c * 8) =
+            *reinterpret_cast<const uint4*>(stage + r * kG2EpiPitch + c * 8);
+      }
+    }
+  }
 }
 
 // ---- small rows per expert: swapped operands -------------------------------------------------

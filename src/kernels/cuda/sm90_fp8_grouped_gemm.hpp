@@ -20,6 +20,8 @@
 
 #include <cstdint>
 
+#include "moe_params.hpp"
+
 namespace fp8moe::cuda {
 
 struct GroupedGemmParams {
@@ -31,6 +33,12 @@ struct GroupedGemmParams {
   // 128-row kernel only: -1 = FP8MOE_GROUPED_MCAST (default off), 0 = no clusters, 1 = two-CTA
   // clusters multicasting the A tile (when the n-block count is even).
   int32_t mcast = -1;
+  // 128-row kernel only: output tile width. 0 = FP8MOE_GROUPED_TILE_N (128 or 256) when set, else
+  // 256 unless clusters are asked for; 128 or 256 forces it. 256 needs N % 256 == 0 and falls back
+  // to 128 otherwise (and runs without clusters).
+  int32_t tile_n = 0;
+  // m-blocks per scheduling group of the tile order (n-blocks inside a group); 0 = 8.
+  int32_t group_m = 0;
   int32_t N = 0, K = 0;  // multiples of 128
   int64_t a_rows = 0;    // rows of A (and of a_scale)
   // contiguous layout
@@ -55,6 +63,22 @@ struct GroupedGemmParams {
   int64_t out_stride = 0;   // elements per output row
   int32_t out_scatter = 0;  // contiguous only: output row = sorted_ids[row] instead of row
   const float* row_weight = nullptr;  // contiguous only: times row_weight[sorted_ids[row]]
+  // GEMM1 with the gated activation and the 1 x 128 quantisation of h fused into the epilogue
+  // (128-row kernel with the 256 tile; no scatter, no row weight): tile nt's two B halves are the
+  // gate rows [128 nt, 128 nt + 128) and the up rows [N/2 + 128 nt, ...) of the expert's packed
+  // w13 (N = 2 I); y1 = bf16(acc + bias), h = act(gate, up) (rounded to bf16 unless act_h_f32),
+  // then per row and 128 h-columns s = group_scale(amax), q = e4m3(h / s): the same operations as
+  // the unfused GEMM1 -> launch_activation -> launch_quant chain. Writes q_out (rows, I) and
+  // q_scale (rows, I / 128) of the stored rows instead of `out`.
+  int32_t fuse_act = 0;
+  ActParams act;
+  int32_t act_h_f32 = 0;
+  int32_t q_ue8m0 = 0;
+  float q_min_scale = 0.0f;
+  uint8_t* q_out = nullptr;
+  int64_t q_stride = 0;  // bytes per row
+  float* q_scale = nullptr;
+  int64_t q_scale_stride = 0;  // floats per row
 };
 
 // Most experts the masked scheduler handles (its prefix table lives in shared memory).
@@ -70,6 +94,9 @@ void launch_grouped_gemm(const GroupedGemmParams& p, const uint8_t* a, const uin
 // kernels visit only the valid rows.
 void launch_masked_rows(const int32_t* counts, int E, int max_m, int32_t* ids, int32_t* meta,
                         cudaStream_t stream);
+
+// The output tile width the 128-row kernel runs p with (128 or 256; see GroupedGemmParams::tile_n).
+int grouped_tile_n(const GroupedGemmParams& p);
 
 // The m-block of the swapped-operand kernel for `rows_per_expert` rows per expert on average
 // (16, 32, 64; 128 above 64 rows).
