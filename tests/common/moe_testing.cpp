@@ -950,4 +950,28 @@ CompareReport compare_close(const TensorView& actual, const TensorView& expected
   return compare_impl(actual, expected, false, atol, rtol);
 }
 
+Tensor randn(int64_t rows, int64_t cols, DType dtype, float scale, uint64_t seed) {
+  if (dtype != DType::kBF16 && dtype != DType::kF32)
+    throw std::invalid_argument("testing::randn: bf16 or f32 only");
+  std::mt19937_64 rng(seed);
+  std::normal_distribution<float> n(0.0f, 1.0f);
+  Tensor t = Tensor::empty({rows, cols}, dtype);
+  for (int64_t i = 0; i < t.numel(); ++i) {
+    const float v = n(rng) * scale;
+    if (dtype == DType::kBF16) {
+      t.ptr<uint16_t>()[i] = num::float_to_bf16(v);
+    } else {
+      t.ptr<float>()[i] = v;
+    }
+  }
+  return t;
+}
+
+Tensor rows_of(const Tensor& t, int64_t first, int64_t n) {
+  Tensor r = Tensor::empty({n, t.size(1)}, t.dtype());
+  const std::size_t row = static_cast<std::size_t>(t.size(1)) * dtype_size(t.dtype());
+  if (n) std::memcpy(r.data(), static_cast<const char*>(t.data()) + first * row, n * row);
+  return r;
+}
+
 }  // namespace fp8moe::testing

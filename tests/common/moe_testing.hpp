@@ -205,4 +205,9 @@ Tensor reference_output(const MoeTestProblem& p);
 // Reads element i of a floating tensor on the host as double.
 double element_as_double(const TensorView& t, int64_t i);
 
+// A host (rows, cols) tensor of N(0, 1) * scale draws (seeded mt19937_64), bf16 (rounded) or f32.
+Tensor randn(int64_t rows, int64_t cols, DType dtype, float scale, uint64_t seed);
+// A host copy of rows [first, first + n) of a 2-D host tensor.
+Tensor rows_of(const Tensor& t, int64_t first, int64_t n);
+
 }  // namespace fp8moe::testing

@@ -10,6 +10,7 @@
 #include <thread>
 #include <vector>
 
+#include "common/moe_testing.hpp"
 #include "fp8moe/backend.hpp"
 #include "fp8moe/checkpoint.hpp"
 #include "fp8moe/error.hpp"
@@ -23,28 +24,6 @@ namespace {
 bool have_gpu() {
   int n = 0;
   return cudaGetDeviceCount(&n) == cudaSuccess && n > 0;
-}
-
-Tensor randn(int64_t rows, int64_t cols, DType dt, float scale, uint64_t seed) {
-  std::mt19937_64 rng(seed);
-  std::normal_distribution<float> n(0.0f, 1.0f);
-  Tensor t = Tensor::empty({rows, cols}, dt);
-  for (int64_t i = 0; i < t.numel(); ++i) {
-    const float v = n(rng) * scale;
-    if (dt == DType::kBF16) {
-      t.ptr<uint16_t>()[i] = numerics::float_to_bf16(v);
-    } else {
-      t.ptr<float>()[i] = v;
-    }
-  }
-  return t;
-}
-
-Tensor rows_of(const Tensor& t, int64_t first, int64_t n) {
-  Tensor r = Tensor::empty({n, t.size(1)}, t.dtype());
-  const std::size_t row = static_cast<std::size_t>(t.size(1)) * dtype_size(t.dtype());
-  if (n) std::memcpy(r.data(), static_cast<const char*>(t.data()) + first * row, n * row);
-  return r;
 }
 
 // The single-rank layer the ranks are compared with runs the ranks' backend: with EP the oracle
@@ -87,8 +66,8 @@ TEST(EpLayerCuda, SimulatedRanksOnOneGpuMatchTheSingleRankLayer) {
       }
       const Fp8MoeLayer single = Fp8MoeLayer::from_checkpoint(dir.path(), one, opts);
       for (const int64_t M : {int64_t{5}, int64_t{200}}) {
-        const Tensor x = randn(M, 256, DType::kBF16, 0.1f, 11 + M);
-        const Tensor logits = randn(M, 8, DType::kF32, 1.0f, 12 + M);
+        const Tensor x = testing::randn(M, 256, DType::kBF16, 0.1f, 11 + M);
+        const Tensor logits = testing::randn(M, 8, DType::kF32, 1.0f, 12 + M);
         // sizing a caller's workspace covers bf16 and f32 calls; cuda_grouped takes bf16 only
         EXPECT_GT(single.workspace_size(M), 0u) << rank_backend;
         EXPECT_GT(layers[0].workspace_size(M), 0u) << rank_backend;
@@ -105,8 +84,8 @@ TEST(EpLayerCuda, SimulatedRanksOnOneGpuMatchTheSingleRankLayer) {
           threads.emplace_back([&, r, first, n] {
             try {
               cudaSetDevice(0);
-              forward_expert_parallel(layers[r], *group[r], rows_of(x, first, n),
-                                      rows_of(logits, first, n), outs[r]);
+              forward_expert_parallel(layers[r], *group[r], testing::rows_of(x, first, n),
+                                      testing::rows_of(logits, first, n), outs[r]);
             } catch (const std::exception& e) {
               errors[r] = e.what();
             }

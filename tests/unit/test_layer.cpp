@@ -34,24 +34,6 @@ const std::string& example_dir() {
   return dir.path();
 }
 
-Tensor randn_bf16(int64_t rows, int64_t cols, float scale, uint64_t seed) {
-  std::mt19937_64 rng(seed);
-  std::normal_distribution<float> n(0.0f, 1.0f);
-  Tensor t = Tensor::empty({rows, cols}, DType::kBF16);
-  for (int64_t i = 0; i < t.numel(); ++i) {
-    t.ptr<uint16_t>()[i] = numerics::float_to_bf16(n(rng) * scale);
-  }
-  return t;
-}
-
-Tensor randn_f32(int64_t rows, int64_t cols, float scale, uint64_t seed) {
-  std::mt19937_64 rng(seed);
-  std::normal_distribution<float> n(0.0f, 1.0f);
-  Tensor t = Tensor::empty({rows, cols}, DType::kF32);
-  for (int64_t i = 0; i < t.numel(); ++i) t.ptr<float>()[i] = n(rng) * scale;
-  return t;
-}
-
 Fp8MoeLayerOptions ref_options() {
   Fp8MoeLayerOptions o;
   o.kernel = "ref";
@@ -123,8 +105,8 @@ TEST(Layer, Tp1ForwardMatchesTheIndependentReferenceBitwise) {
   EXPECT_EQ(layer.hidden_size(), 256);
   EXPECT_EQ(layer.num_experts(), 8);
   EXPECT_EQ(layer.local_intermediate(), 640);
-  const Tensor x = randn_bf16(13, 256, 0.1f, 1);
-  const Tensor logits = randn_f32(13, 8, 1.0f, 2);
+  const Tensor x = testing::randn(13, 256, DType::kBF16, 0.1f, 1);
+  const Tensor logits = testing::randn(13, 8, DType::kF32, 1.0f, 2);
   Tensor out = Tensor::empty({13, 256}, DType::kBF16);
   testing::poison(out);
   layer.forward(x, logits, out);
@@ -150,8 +132,8 @@ TEST(Layer, OracleChoiceAgreesWithTheReference) {
   if (!p.runnable)
     GTEST_SKIP() << "no implementation of the oracle's choice here: " << p.not_runnable_reason;
   Fp8MoeLayer layer = Fp8MoeLayer::from_checkpoint(example_dir(), {});
-  const Tensor x = randn_bf16(37, 256, 0.1f, 3);
-  const Tensor logits = randn_f32(37, 8, 1.0f, 4);
+  const Tensor x = testing::randn(37, 256, DType::kBF16, 0.1f, 3);
+  const Tensor logits = testing::randn(37, 8, DType::kF32, 1.0f, 4);
   const Tensor out = layer.forward(x, logits);
   const ForwardCheck chk = check_forward(layer, x, logits, out);
   EXPECT_TRUE(chk.vs_reference.allclose)
@@ -159,8 +141,8 @@ TEST(Layer, OracleChoiceAgreesWithTheReference) {
 }
 
 TEST(Layer, RefinedTp4RanksSumToTp1) {  // pitfall 3 (I=640, TP 4 refines)
-  const Tensor x = randn_bf16(9, 256, 0.1f, 5);
-  const Tensor logits = randn_f32(9, 8, 1.0f, 6);
+  const Tensor x = testing::randn(9, 256, DType::kBF16, 0.1f, 5);
+  const Tensor logits = testing::randn(9, 8, DType::kF32, 1.0f, 6);
   Fp8MoeLayer whole = Fp8MoeLayer::from_checkpoint(example_dir(), {}, ref_options());
   const Tensor full = whole.forward(x, logits);
   std::vector<float> sum(9 * 256, 0.0f);
@@ -197,8 +179,8 @@ TEST(Layer, RefinedTp4RanksSumToTp1) {  // pitfall 3 (I=640, TP 4 refines)
 }
 
 TEST(Layer, PaddedTp8RanksSumToTp1) {  // pitfalls 3 and 8
-  const Tensor x = randn_bf16(6, 256, 0.1f, 7);
-  const Tensor logits = randn_f32(6, 8, 1.0f, 8);
+  const Tensor x = testing::randn(6, 256, DType::kBF16, 0.1f, 7);
+  const Tensor logits = testing::randn(6, 8, DType::kF32, 1.0f, 8);
   Fp8MoeLayer whole = Fp8MoeLayer::from_checkpoint(example_dir(), {}, ref_options());
   const Tensor full = whole.forward(x, logits);
   std::vector<float> sum(6 * 256, 0.0f);
@@ -242,8 +224,8 @@ TEST(Layer, Tp8WithoutAnExplicitBackendIsRejectedWithTheHint) {  // pitfall 3
 }
 
 TEST(Layer, ExpertParallelRanksSumToTp1) {
-  const Tensor x = randn_bf16(11, 256, 0.1f, 9);
-  const Tensor logits = randn_f32(11, 8, 1.0f, 10);
+  const Tensor x = testing::randn(11, 256, DType::kBF16, 0.1f, 9);
+  const Tensor logits = testing::randn(11, 8, DType::kF32, 1.0f, 10);
   Fp8MoeLayer whole = Fp8MoeLayer::from_checkpoint(example_dir(), {}, ref_options());
   const Tensor full = whole.forward(x, logits);
   std::vector<float> sum(11 * 256, 0.0f);
@@ -272,13 +254,13 @@ TEST(Layer, ChunkedForwardEqualsOneCall) {  // pitfall 32
   o.max_num_tokens = 8;
   Fp8MoeLayer chunked = Fp8MoeLayer::from_checkpoint(example_dir(), {}, o);
   Fp8MoeLayer whole = Fp8MoeLayer::from_checkpoint(example_dir(), {}, ref_options());
-  const Tensor x = randn_bf16(21, 256, 0.1f, 11);
-  const Tensor logits = randn_f32(21, 8, 1.0f, 12);
+  const Tensor x = testing::randn(21, 256, DType::kBF16, 0.1f, 11);
+  const Tensor logits = testing::randn(21, 8, DType::kF32, 1.0f, 12);
   const Tensor a = chunked.forward(x, logits);
   const Tensor b = whole.forward(x, logits);
   EXPECT_TRUE(testing::compare_bitwise(a, b).ok);
   // f32 activations, routed by the caller.
-  Tensor xf = randn_f32(5, 256, 0.1f, 13);
+  Tensor xf = testing::randn(5, 256, DType::kF32, 0.1f, 13);
   Tensor ids = Tensor::empty({5, 2}, DType::kI32);
   Tensor w = Tensor::empty({5, 2}, DType::kF32);
   for (int t = 0; t < 5; ++t) {
@@ -299,8 +281,8 @@ TEST(Layer, WorkspaceQueryAndCallerWorkspace) {
   const std::size_t need = layer.workspace_size(16);
   EXPECT_GE(layer.owned_workspace_bytes(), need);
   std::vector<uint8_t> ws(need + 1);
-  const Tensor x = randn_bf16(16, 256, 0.1f, 14);
-  const Tensor logits = randn_f32(16, 8, 1.0f, 15);
+  const Tensor x = testing::randn(16, 256, DType::kBF16, 0.1f, 14);
+  const Tensor logits = testing::randn(16, 8, DType::kF32, 1.0f, 15);
   Tensor out = Tensor::empty({16, 256}, DType::kBF16);
   layer.forward(x, logits, out, nullptr, ws.data(), ws.size());
   EXPECT_TRUE(testing::compare_bitwise(out, layer.forward(x, logits)).ok);
@@ -309,16 +291,16 @@ TEST(Layer, WorkspaceQueryAndCallerWorkspace) {
 
 TEST(Layer, BadInputsAreNamed) {
   Fp8MoeLayer layer = Fp8MoeLayer::from_checkpoint(example_dir(), {}, ref_options());
-  const Tensor x = randn_bf16(4, 256, 0.1f, 16);
-  const Tensor logits = randn_f32(4, 8, 1.0f, 17);
+  const Tensor x = testing::randn(4, 256, DType::kBF16, 0.1f, 16);
+  const Tensor logits = testing::randn(4, 8, DType::kF32, 1.0f, 17);
   Tensor out = Tensor::empty({4, 256}, DType::kBF16);
-  const Tensor x_bad_h = randn_bf16(4, 512, 0.1f, 18);
+  const Tensor x_bad_h = testing::randn(4, 512, DType::kBF16, 0.1f, 18);
   EXPECT_TRUE(throws_with<ValueError>([&] { layer.forward(x_bad_h, logits, out); },
                                       {"x is (4, 512) bf16", "expected (M, 256)"}));
   Tensor x_f16 = Tensor::empty({4, 256}, DType::kF16);
   EXPECT_TRUE(
       throws_with<ValueError>([&] { layer.forward(x_f16, logits, out); }, {"x is", "bf16 or f32"}));
-  const Tensor logits_bad = randn_f32(4, 16, 1.0f, 19);
+  const Tensor logits_bad = testing::randn(4, 16, DType::kF32, 1.0f, 19);
   EXPECT_TRUE(throws_with<ValueError>([&] { layer.forward(x, logits_bad, out); },
                                       {"router_logits", "expected (4, 8)"}));
   Tensor out_f32 = Tensor::empty({4, 256}, DType::kF32);
@@ -328,7 +310,7 @@ TEST(Layer, BadInputsAreNamed) {
   strided.shape[0] = 2;
   strided.strides[0] = 512;  // every other row
   Tensor out2 = Tensor::empty({2, 256}, DType::kBF16);
-  const Tensor logits2 = randn_f32(2, 8, 1.0f, 20);
+  const Tensor logits2 = testing::randn(2, 8, DType::kF32, 1.0f, 20);
   EXPECT_TRUE(
       throws_with<ValueError>([&] { layer.forward(strided, logits2, out2); }, {"x", "contiguous"}));
   TensorView on_gpu = x.view();
@@ -374,8 +356,8 @@ TEST(Layer, Mi300PlanNormalisesTheWeightsToFnuz) {  // pitfall 14
   ASSERT_EQ(a.numel(), b.numel());
   for (int64_t i = 0; i < a.numel(); ++i) ASSERT_EQ(b.ptr<float>()[i], 2 * a.ptr<float>()[i]);
   // And the layer computes the same function: fnuz with max 224 is e4m3fn halved.
-  const Tensor x = randn_bf16(5, 256, 0.1f, 31);
-  const Tensor logits = randn_f32(5, 8, 1.0f, 32);
+  const Tensor x = testing::randn(5, 256, DType::kBF16, 0.1f, 31);
+  const Tensor logits = testing::randn(5, 8, DType::kF32, 1.0f, 32);
   EXPECT_TRUE(testing::compare_bitwise(layer.forward(x, logits), fn.forward(x, logits)).ok);
 }
 
@@ -426,8 +408,8 @@ TEST(LayerFromTensors, RealWeightsCheck) {
   EXPECT_EQ(layer.plan().source, "caller tensors");
   // No conversion needed: the layer shares the caller's storage.
   EXPECT_EQ(layer.weights().w13.data(), c.w.w13.data());
-  const Tensor x = randn_bf16(24, 256, 0.1f, 21);
-  const Tensor logits = randn_f32(24, 4, 1.0f, 22);
+  const Tensor x = testing::randn(24, 256, DType::kBF16, 0.1f, 21);
+  const Tensor logits = testing::randn(24, 4, DType::kF32, 1.0f, 22);
   const Tensor out = layer.forward(x, logits);
   const ForwardCheck chk = check_forward(layer, x, logits, out, c.real13, c.real2);
   EXPECT_TRUE(chk.vs_reference.bitwise_equal);
@@ -515,8 +497,8 @@ TEST(KernelFormat, W31WeightsAreRejectedByACanonicalKernel) {  // pitfall 27
             0);
   EXPECT_EQ(w31.w13_scale.ptr<float>()[0], c.w.w13_scale.ptr<float>()[2 * 2]);
   FusedMoeArgs a;
-  const Tensor x = randn_bf16(2, 256, 0.1f, 23);
-  const Tensor logits = randn_f32(2, 2, 1.0f, 24);
+  const Tensor x = testing::randn(2, 256, DType::kBF16, 0.1f, 23);
+  const Tensor logits = testing::randn(2, 2, DType::kF32, 1.0f, 24);
   Tensor out = Tensor::empty({2, 256}, DType::kBF16);
   a.x = x;
   a.router_logits = logits;

@@ -13,6 +13,7 @@
 #include <thread>
 #include <vector>
 
+#include "common/moe_testing.hpp"
 #include "fp8moe/checkpoint.hpp"
 #include "fp8moe/error.hpp"
 #include "fp8moe/layer.hpp"
@@ -34,28 +35,6 @@ const std::string& ep_example_dir() {
   }();
   (void)written;
   return dir.path();
-}
-
-Tensor randn(int64_t rows, int64_t cols, DType dt, float scale, uint64_t seed) {
-  std::mt19937_64 rng(seed);
-  std::normal_distribution<float> n(0.0f, 1.0f);
-  Tensor t = Tensor::empty({rows, cols}, dt);
-  for (int64_t i = 0; i < t.numel(); ++i) {
-    const float v = n(rng) * scale;
-    if (dt == DType::kBF16) {
-      t.ptr<uint16_t>()[i] = numerics::float_to_bf16(v);
-    } else {
-      t.ptr<float>()[i] = v;
-    }
-  }
-  return t;
-}
-
-Tensor rows_of(const Tensor& t, int64_t first, int64_t n) {
-  Tensor r = Tensor::empty({n, t.size(1)}, t.dtype());
-  const std::size_t row = static_cast<std::size_t>(t.size(1)) * dtype_size(t.dtype());
-  if (n) std::memcpy(r.data(), static_cast<const char*>(t.data()) + first * row, n * row);
-  return r;
 }
 
 Fp8MoeLayer rank_layer(int ep, int rank, const std::string& kernel) {
@@ -83,7 +62,7 @@ Tensor run_group(const std::vector<const Fp8MoeLayer*>& layers, int group_size,
     outs[r] = Tensor::empty({n, x.size(1)}, x.dtype());
     threads.emplace_back([&, r, first, n] {
       try {
-        const Tensor xr = rows_of(x, first, n), lr = rows_of(logits, first, n);
+        const Tensor xr = testing::rows_of(x, first, n), lr = testing::rows_of(logits, first, n);
         forward_expert_parallel(*layers[r], *group[r], xr, lr, outs[r], eo);
       } catch (const Error& e) {
         (*errors)[r] = e.what();
@@ -112,8 +91,8 @@ int64_t bit_mismatches(const Tensor& a, const Tensor& b) {
 
 TEST(LayerExpertParallel, EqualsSingleRankBitForBit) {
   const int64_t M = 23, H = 256, E = 8;
-  const Tensor x = randn(M, H, DType::kBF16, 0.1f, 3);
-  const Tensor logits = randn(M, E, DType::kF32, 1.0f, 4);
+  const Tensor x = testing::randn(M, H, DType::kBF16, 0.1f, 3);
+  const Tensor logits = testing::randn(M, E, DType::kF32, 1.0f, 4);
   for (const std::string kernel : {"", "ref"}) {
     const Fp8MoeLayer single = rank_layer(1, 0, kernel);
     const Tensor want = single.forward(x, logits);
@@ -138,8 +117,8 @@ TEST(LayerExpertParallel, EqualsSingleRankBitForBit) {
 
 TEST(LayerExpertParallel, BatchedFormatWithTheReference) {  // pitfall 23
   const int64_t M = 9, H = 256, E = 8;
-  const Tensor x = randn(M, H, DType::kBF16, 0.1f, 5);
-  const Tensor logits = randn(M, E, DType::kF32, 1.0f, 6);
+  const Tensor x = testing::randn(M, H, DType::kBF16, 0.1f, 5);
+  const Tensor logits = testing::randn(M, E, DType::kF32, 1.0f, 6);
   const Tensor want = rank_layer(1, 0, "ref").forward(x, logits);
   std::vector<Fp8MoeLayer> layers;
   for (int r = 0; r < 3; ++r) layers.push_back(rank_layer(3, r, "ref"));
@@ -157,8 +136,8 @@ TEST(LayerExpertParallel, BatchedFormatWithTheReference) {  // pitfall 23
 }
 
 TEST(LayerExpertParallel, MismatchedGroupFailsEveryRankWithoutHanging) {
-  const Tensor x = randn(4, 256, DType::kBF16, 0.1f, 7);
-  const Tensor logits = randn(4, 8, DType::kF32, 1.0f, 8);
+  const Tensor x = testing::randn(4, 256, DType::kBF16, 0.1f, 7);
+  const Tensor logits = testing::randn(4, 8, DType::kF32, 1.0f, 8);
   std::vector<std::string> errors;
   // Layers of EP 2 in a group of 3.
   {
@@ -184,7 +163,7 @@ TEST(LayerExpertParallel, MismatchedGroupFailsEveryRankWithoutHanging) {
   // Wrong logits width on one rank.
   {
     const Fp8MoeLayer a = rank_layer(2, 0, ""), b = rank_layer(2, 1, "");
-    const Tensor bad_logits = randn(4, 7, DType::kF32, 1.0f, 9);
+    const Tensor bad_logits = testing::randn(4, 7, DType::kF32, 1.0f, 9);
     auto group = make_in_process_group(2);
     std::vector<std::string> errs(2);
     Tensor o0 = Tensor::empty({4, 256}, DType::kBF16), o1 = Tensor::empty({4, 256}, DType::kBF16);

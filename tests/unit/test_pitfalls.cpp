@@ -105,24 +105,6 @@ bool is_pow2(float v) {
 
 // ---- layers from caller tensors ----------------------------------------------------------------
 
-Tensor randn_bf16(int64_t rows, int64_t cols, float scale, uint64_t seed) {
-  std::mt19937_64 rng(seed);
-  std::normal_distribution<float> n(0.0f, 1.0f);
-  Tensor t = Tensor::empty({rows, cols}, DType::kBF16);
-  for (int64_t i = 0; i < t.numel(); ++i) {
-    t.ptr<uint16_t>()[i] = numerics::float_to_bf16(n(rng) * scale);
-  }
-  return t;
-}
-
-Tensor randn_f32(int64_t rows, int64_t cols, float scale, uint64_t seed) {
-  std::mt19937_64 rng(seed);
-  std::normal_distribution<float> n(0.0f, 1.0f);
-  Tensor t = Tensor::empty({rows, cols}, DType::kF32);
-  for (int64_t i = 0; i < t.numel(); ++i) t.ptr<float>()[i] = n(rng) * scale;
-  return t;
-}
-
 struct CallerLayer {
   Fp8MoeLayerSpec spec;
   Fp8MoeWeights w;
@@ -449,8 +431,8 @@ TEST(Pitfalls, P12_P13_Ue8m0ActivationScalesInEveryPath) {
     o.env = OracleEnv::from_pairs({"VLLM_USE_DEEP_GEMM_E8M0=0"});
     Fp8MoeLayer layer = Fp8MoeLayer::from_tensors(c.spec, c.w, o);
     ASSERT_TRUE(layer.plan().scheme.ue8m0_scales);
-    const Tensor x = randn_bf16(9, 256, 0.1f, 1301);
-    const Tensor logits = randn_f32(9, 4, 1.0f, 1302);
+    const Tensor x = testing::randn(9, 256, DType::kBF16, 0.1f, 1301);
+    const Tensor logits = testing::randn(9, 4, DType::kF32, 1.0f, 1302);
     const Tensor out = layer.forward(x, logits);
     ref::detail::Trace trace;
     Tensor scratch = Tensor::empty({9, 256}, DType::kBF16);
@@ -469,8 +451,8 @@ TEST(Pitfalls, P12_P13_Ue8m0ActivationScalesInEveryPath) {
   o.env = OracleEnv::from_pairs({"VLLM_USE_DEEP_GEMM_E8M0=0"});
   Fp8MoeLayer layer = Fp8MoeLayer::from_tensors(plain.spec, plain.w, o);
   EXPECT_FALSE(layer.plan().scheme.ue8m0_scales);
-  const Tensor x = randn_bf16(9, 256, 0.1f, 1301);
-  const Tensor logits = randn_f32(9, 4, 1.0f, 1302);
+  const Tensor x = testing::randn(9, 256, DType::kBF16, 0.1f, 1301);
+  const Tensor logits = testing::randn(9, 4, DType::kF32, 1.0f, 1302);
   ref::detail::Trace trace;
   Tensor scratch = Tensor::empty({9, 256}, DType::kBF16);
   ref::detail::fused_moe_with(layer.make_args(x, logits, scratch), {}, &trace);
@@ -633,8 +615,8 @@ TEST(Pitfalls, P18_NonGatedActivationsAgreeAcrossKernels) {
                                                {"is_act_and_mul=False"}));
   // On a simulated H200 with fp8moe's CPU kernels as the override: supported, and in agreement
   // with the reference.
-  const Tensor x = randn_bf16(7, 256, 0.1f, 1801);
-  const Tensor logits = randn_f32(7, 4, 1.0f, 1802);
+  const Tensor x = testing::randn(7, 256, DType::kBF16, 0.1f, 1801);
+  const Tensor logits = testing::randn(7, 4, DType::kF32, 1.0f, 1802);
   for (const auto& [kernel, w8a8_scheme] :
        std::vector<std::pair<std::string, bool>>{{"cpu_w8a16", false}, {"cpu_w8a8", true}}) {
     Fp8MoeLayer layer = Fp8MoeLayer::from_tensors(c.spec, c.w, layer_options(kernel, w8a8_scheme));
@@ -753,7 +735,7 @@ TEST(Pitfalls, P21_ZeroTokensThroughTheLayer) {
 TEST(Pitfalls, P24_MinusOneExpertIdsAreIgnoredThroughTheLayer) {
   CallerLayer c = make_caller_layer(4, 256, 128, 2);
   const int64_t M = 6;
-  const Tensor x = randn_bf16(M, 256, 0.1f, 2401);
+  const Tensor x = testing::randn(M, 256, DType::kBF16, 0.1f, 2401);
   for (const auto& [kernel, w8a8_scheme] : std::vector<std::pair<std::string, bool>>{
            {"ref", true}, {"cpu_w8a8", true}, {"cpu_w8a16", false}}) {
     SCOPED_TRACE(kernel);
@@ -848,8 +830,8 @@ TEST(Pitfalls, P25_ExplicitBackendThatCannotSupportFailsAtInit) {
 
 TEST(Pitfalls, P30_KernelOverrideIsHonouredOrRefused) {
   CallerLayer c = make_caller_layer(4, 256, 128, 2);
-  const Tensor x = randn_bf16(6, 256, 0.1f, 3001);
-  const Tensor logits = randn_f32(6, 4, 1.0f, 3002);
+  const Tensor x = testing::randn(6, 256, DType::kBF16, 0.1f, 3001);
+  const Tensor logits = testing::randn(6, 4, DType::kF32, 1.0f, 3002);
   // Honoured for every M, also where the oracle's own per-M rule would switch classes
   // (TritonOrDeepGemm at M >= 128) and whatever scheme the oracle's backend computes: the override
   // computes its own backend's quant config ("force W8A16" on a W8A8 plan runs W8A16).
@@ -925,8 +907,8 @@ TEST(Pitfalls, P32_TokensBeyondTheWorkspaceRunInChunks) {
     ASSERT_GT(small.workspace_size(16), 0u);
     EXPECT_EQ(owned, small.workspace_size(16));
     EXPECT_GT(small.workspace_size(100), owned) << "100 tokens need more than 16 do";
-    const Tensor x = randn_bf16(100, 256, 0.1f, 3201);
-    const Tensor logits = randn_f32(100, 4, 1.0f, 3202);
+    const Tensor x = testing::randn(100, 256, DType::kBF16, 0.1f, 3201);
+    const Tensor logits = testing::randn(100, 4, DType::kF32, 1.0f, 3202);
     const Tensor chunked = small.forward(x, logits);
     EXPECT_EQ(small.owned_workspace_bytes(), owned) << "the workspace grew with M";
     const auto rep = testing::compare_bitwise(chunked, big.forward(x, logits));
@@ -948,8 +930,8 @@ TEST(Pitfalls, P32_TokensBeyondTheWorkspaceRunInChunks) {
 TEST(Pitfalls, P35_BatchInvarianceOnCpuKernels) {
   CallerLayer c = make_caller_layer(8, 256, 128, 2);
   const int64_t M = 257;
-  const Tensor x = randn_bf16(M, 256, 0.1f, 3501);
-  const Tensor logits = randn_f32(M, 8, 1.0f, 3502);
+  const Tensor x = testing::randn(M, 256, DType::kBF16, 0.1f, 3501);
+  const Tensor logits = testing::randn(M, 8, DType::kF32, 1.0f, 3502);
   // The batch in reverse order.
   Tensor xr = Tensor::empty({M, 256}, DType::kBF16);
   Tensor lr = Tensor::empty({M, 8}, DType::kF32);
