@@ -76,8 +76,8 @@ std::string grouped_path_limit(const FusedMoeArgs& args) {
   return grouped_limit(args);
 }
 // Measured on the H200 (docs/PERFORMANCE.md, run 8): the grouped path beats the stream path at
-// M >= 8 on every models.md shape it takes (1.0-1.9x) and the wgmma path at every M >= 128
-// (2.7-3.7x); at M = 1 it is 4-7% faster on four shapes, equal on one and 26% slower on
+// M >= 8 on every models.md shape it takes (equal to 2.45x) and the wgmma path at every M >= 128
+// (1.8-4.9x); at M = 1 it is 4-7% faster on four shapes, equal on one and 26% slower on
 // DeepSeek-V3 TP8, so single tokens stay on the stream path.
 bool grouped_path_preferred(const MoeProblem& p) { return p.M >= 8; }
 }  // namespace
