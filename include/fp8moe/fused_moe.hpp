@@ -171,6 +171,9 @@ struct ExpertsImpl {
   std::size_t (*workspace_size)(const FusedMoeArgs& args) = nullptr;
   // Computes args.out. `workspace` holds at least workspace_size(args) bytes.
   void (*run)(const FusedMoeArgs& args, void* workspace) = nullptr;
+  // Optional: one line on how run() would compute this call (the execution path it takes and
+  // why, the instruction set and threads), for the tools' explanations. Reads no tensor data.
+  std::string (*describe_call)(const FusedMoeArgs& args) = nullptr;
 };
 
 }  // namespace fp8moe

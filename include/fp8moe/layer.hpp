@@ -337,6 +337,11 @@ class Fp8MoeLayer {
   KernelChoice kernel_for(int64_t num_tokens) const;
   // Bytes of workspace a call of num_tokens tokens needs when the caller passes one (on device()).
   std::size_t workspace_size(int64_t num_tokens) const;
+  // How the implementation kernel_for(M) would compute forward(x, router_logits, out) (the first
+  // chunk of max_num_tokens() tokens when M is larger): its describe_call line ("grouped path
+  // (auto: ...)", "avx512 kernels, 16 OpenMP threads"); "" when it has none or M = 0. Runs nothing.
+  std::string describe_call(const TensorView& x, const TensorView& router_logits,
+                            const TensorView& out) const;
   // Bytes of the workspace the layer owns (sized at construction for max_num_tokens).
   std::size_t owned_workspace_bytes() const;
 

@@ -419,6 +419,19 @@ std::size_t Fp8MoeLayer::workspace_size(int64_t num_tokens) const {
   return bytes;
 }
 
+std::string Fp8MoeLayer::describe_call(const TensorView& x, const TensorView& router_logits,
+                                       const TensorView& out) const {
+  const State& st = *s_;
+  check_io("x", x, -1, st.plan.hidden, {DType::kBF16, DType::kF32}, "num_tokens, hidden",
+           st.device);
+  const int64_t M = std::min(x.size(0), st.max_tokens);
+  if (M == 0) return {};
+  const KernelChoice c = kernel_for(M);
+  if (!c.impl || !c.impl->describe_call) return {};
+  return c.impl->describe_call(
+      make_args(rows_of(x, 0, M), rows_of(router_logits, 0, M), rows_of(out, 0, M)));
+}
+
 void Fp8MoeLayer::forward(const TensorView& x, const TensorView& router_logits,
                           const TensorView& out, void* stream, void* workspace,
                           std::size_t workspace_bytes) const {

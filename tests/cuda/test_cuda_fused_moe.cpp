@@ -691,6 +691,10 @@ TEST(CudaStreamPath, AutoChoosesStreamOrGroupedForSmallBatches) {
     MoeTestProblem d = p.to(Device::cuda());
     const bool grouped = M >= 8 && cuda::path_limit(Path::kGrouped, d.args()).empty();
     EXPECT_EQ(cuda::choose_path(d.args()), grouped ? Path::kGrouped : Path::kStream) << "M=" << M;
+    // the tools' explanation names the same path and the rule that chose it
+    const std::string how = cuda::fused_impl().describe_call(d.args());
+    EXPECT_EQ(how.rfind(std::string(grouped ? "grouped" : "stream") + " path (auto: ", 0), 0u)
+        << how;
   }
 }
 

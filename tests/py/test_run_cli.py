@@ -192,6 +192,7 @@ def main():
         check(rk["check"]["vs_unquantized"]["mean_rel_abs_err"] > 0,
               "FP8 differs from the unquantised layer")
         check(rk["time"]["median_s"] > 0, "a time is reported")
+        check(rk["kernel"]["how"] == "", "the reference has no describe_call line")
         check(j["input"]["router_logits"].startswith("x @ model.layers.0.mlp.gate.weight"),
               "router logits come from the checkpoint's router")
         t = read_safetensors(out_file)
@@ -205,6 +206,15 @@ def main():
         print(f"numpy reference vs fp8moe run: max |err| {err.max():.3g}, mean rel {rel:.3g}, "
               f"{int((t['out'].view(np.uint16) != mine.astype(BF16).view(np.uint16)).sum())} of "
               f"{got.size} bf16 values differ")
+
+        # A CPU kernel says how it runs (instruction set, threads) in the text and the JSON.
+        p = subprocess.run([BIN, "run", d, "--kernel", "cpu_w8a8", "--tokens", "4", "--json",
+                            "--reps", "1"], capture_output=True, text=True)
+        if p.returncode == 0:
+            how = json.loads(p.stdout)["ranks"][0]["kernel"]["how"]
+            check(" kernels, " in how and how.endswith(" OpenMP threads"), "cpu_w8a8 how: " + how)
+            p = run(["run", d, "--kernel", "cpu_w8a8", "--tokens", "4", "--reps", "1"])
+            check("        cpu_w8a8: " + how in p.stdout, "the text prints the how line")
 
         # --input: the same x and logits give the same out.
         in_file = os.path.join(d, "in.safetensors")

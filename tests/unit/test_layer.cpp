@@ -13,7 +13,9 @@
 #include "fp8moe/error.hpp"
 #include "fp8moe/layer.hpp"
 #include "fp8moe/numerics.hpp"
+#include "kernels/cpu/cpu_kernels.hpp"
 #include "kernels/ref/ref.hpp"
+#include "kernels/registry.hpp"
 #include "numerics/quant.hpp"
 #include "unit/test_checkpoint_util.hpp"
 
@@ -287,6 +289,33 @@ TEST(Layer, WorkspaceQueryAndCallerWorkspace) {
   layer.forward(x, logits, out, nullptr, ws.data(), ws.size());
   EXPECT_TRUE(testing::compare_bitwise(out, layer.forward(x, logits)).ok);
   EXPECT_EQ(layer.kernel_for(16).impl_name, "ref");
+}
+
+// describe_call: the CPU kernels name their instruction set and threads; the reference, which
+// has no describe_call, and an empty call give ""; a wrong x is a named error.
+TEST(Layer, DescribeCallSaysHowTheKernelRuns) {
+  const Tensor x = testing::randn(12, 256, DType::kBF16, 0.1f, 40);
+  const Tensor logits = testing::randn(12, 8, DType::kF32, 1.0f, 41);
+  Tensor out = Tensor::empty({12, 256}, DType::kBF16);
+  for (const char* kernel : {"cpu_w8a8", "cpu_w8a16"}) {
+    Fp8MoeLayerOptions opts;
+    opts.kernel = kernel;
+    const ExpertsImpl* impl = find_experts_impl(kernel);
+    if (!impl || !impl->available || !impl->available()) continue;
+    Fp8MoeLayer layer = Fp8MoeLayer::from_checkpoint(example_dir(), {}, opts);
+    const std::string how = layer.describe_call(x, logits, out);
+    EXPECT_NE(how.find(std::string(cpu::isa_name(cpu::active_isa())) + " kernels"),
+              std::string::npos)
+        << kernel << ": " << how;
+    EXPECT_NE(how.find("OpenMP threads"), std::string::npos) << kernel << ": " << how;
+    EXPECT_EQ(layer.describe_call(testing::rows_of(x, 0, 0), testing::rows_of(logits, 0, 0),
+                                  testing::rows_of(out, 0, 0)),
+              "");
+    const Tensor x_bad = testing::randn(12, 128, DType::kBF16, 0.1f, 42);
+    EXPECT_THROW(layer.describe_call(x_bad, logits, out), ValueError);
+  }
+  Fp8MoeLayer ref = Fp8MoeLayer::from_checkpoint(example_dir(), {}, ref_options());
+  EXPECT_EQ(ref.describe_call(x, logits, out), "");
 }
 
 TEST(Layer, BadInputsAreNamed) {

@@ -943,12 +943,15 @@ void run_run(const RunOptions& o) {
     const Tensor x = dev.is_cpu() ? in.x : in.x.to(dev);
     const Tensor logits = dev.is_cpu() ? in.logits : in.logits.to(dev);
     Tensor out = Tensor::empty({M, model.hidden_size}, in.x.dtype(), dev);
+    const std::string how = layer.describe_call(x, logits, out);
     layer.forward(x, logits, out);
     const bench::Timing t = bench::time_forward(layer, x, logits, out, 0.0, o.reps, o.reps);
     ordered_json jj;
     jj["rank"] = r;
-    jj["kernel"] = {
-        {"implementation", kc.impl_name}, {"vllm_class", kc.kernel_class}, {"why", kc.why}};
+    jj["kernel"] = {{"implementation", kc.impl_name},
+                    {"vllm_class", kc.kernel_class},
+                    {"why", kc.why},
+                    {"how", how}};
     jj["workspace_bytes"] = layer.owned_workspace_bytes();
     jj["time"] = {
         {"reps", t.reps}, {"median_s", t.median_s}, {"min_s", t.min_s}, {"max_s", t.max_s}};
@@ -971,6 +974,7 @@ void run_run(const RunOptions& o) {
     if (!o.json && !o.brief) {
       std::cout << fmt::format("kernel  {}{} for M = {}{}\n", who, kc.impl_name, M,
                                kc.why.empty() ? "" : fmt::format(" ({})", kc.why));
+      if (!how.empty()) std::cout << fmt::format("        {}: {}\n", kc.impl_name, how);
       std::cout << fmt::format("time    {}{} median of {} runs (min {}, max {}) on {}\n", who,
                                fmt_seconds(t.median_s), t.reps, fmt_seconds(t.min_s),
                                fmt_seconds(t.max_s), layer.device().str());

@@ -973,6 +973,11 @@ Support cpu_supports_args(const FusedMoeArgs& a, bool w8a8) {
   return Support::yes();
 }
 
+static std::string cpu_describe_call(const FusedMoeArgs&) {
+  return fmt::format("{} kernels, {} OpenMP threads", isa_name(active_isa()),
+                     std::max(1, std::min(omp_get_max_threads(), max_threads_cap())));
+}
+
 const ExpertsImpl& cpu_w8a16_experts_impl() {
   static const ExpertsImpl impl = [] {
     ExpertsImpl i;
@@ -982,6 +987,7 @@ const ExpertsImpl& cpu_w8a16_experts_impl() {
     i.available = &cpu_available;
     i.workspace_size = &w8a16_workspace;
     i.run = &w8a16_run;
+    i.describe_call = &cpu_describe_call;
     return i;
   }();
   return impl;
@@ -996,6 +1002,7 @@ const ExpertsImpl& cpu_w8a8_experts_impl() {
     i.available = &cpu_available;
     i.workspace_size = &w8a8_workspace;
     i.run = &w8a8_run;
+    i.describe_call = &cpu_describe_call;
     return i;
   }();
   return impl;

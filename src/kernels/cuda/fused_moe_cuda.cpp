@@ -112,9 +112,14 @@ std::optional<TunedConfig> lookup(const MoeProblem& p) {
   return tuned_config(k, p.M);
 }
 
-Path choose(const FusedMoeArgs& args, const MoeProblem& p) {
+// The path run() takes; with `why`, also the reason in words (formatted only then: run() calls
+// this on every forward).
+Path choose(const FusedMoeArgs& args, const MoeProblem& p, std::string* why = nullptr) {
   const Path forced = path_override();
-  if (forced != Path::kAuto) return forced;
+  if (forced != Path::kAuto) {
+    if (why) *why = g_override.load() >= 0 ? "forced by the caller" : "FP8MOE_CUDA_PATH";
+    return forced;
+  }
   if (const auto cfg = lookup(p)) {
     const Path t = cfg->path == "wgmma"     ? Path::kWgmma
                    : cfg->path == "stream"  ? Path::kStream
@@ -122,12 +127,35 @@ Path choose(const FusedMoeArgs& args, const MoeProblem& p) {
                                             : Path::kGeneric;
     if (t == Path::kGeneric || (t == Path::kWgmma && wgmma_path_limit(p).empty()) ||
         (t == Path::kStream && stream_path_limit(p).empty()) ||
-        (t == Path::kGrouped && grouped_path_limit(args).empty()))
+        (t == Path::kGrouped && grouped_path_limit(args).empty())) {
+      if (why)
+        *why = fmt::format("tuned table (FP8MOE_CUDA_TUNING): {} E={} N={} K={} M bucket {}",
+                           device_name(), p.E, p.I, p.H, tuning_bucket(p.M));
       return t;
+    }
   }
-  if (grouped_path_preferred(p) && grouped_path_limit(args).empty()) return Path::kGrouped;
-  if (stream_path_limit(p).empty() && stream_path_preferred(p)) return Path::kStream;
-  if (wgmma_path_limit(p).empty() && wgmma_path_preferred(p)) return Path::kWgmma;
+  const std::string grouped_why = grouped_path_limit(args);
+  if (grouped_path_preferred(p) && grouped_why.empty()) {
+    if (why) *why = fmt::format("auto: M = {} >= 8 and the grouped GEMMs take it", p.M);
+    return Path::kGrouped;
+  }
+  auto not_grouped = [&] {
+    return grouped_why.empty() ? fmt::format("M = {} < 8", p.M) : "grouped: " + grouped_why;
+  };
+  const std::string stream_why = stream_path_limit(p);
+  if (stream_why.empty() && stream_path_preferred(p)) {
+    if (why) *why = fmt::format("auto: a small batch ({})", not_grouped());
+    return Path::kStream;
+  }
+  const std::string wgmma_why = wgmma_path_limit(p);
+  if (wgmma_why.empty() && wgmma_path_preferred(p)) {
+    if (why) *why = fmt::format("auto: M = {} > 32 ({})", p.M, not_grouped());
+    return Path::kWgmma;
+  }
+  if (why)
+    *why = fmt::format("auto: no fast path takes it ({}; stream: {}; wgmma: {})", not_grouped(),
+                       stream_why.empty() ? "not preferred" : stream_why,
+                       wgmma_why.empty() ? "not preferred" : wgmma_why);
   return Path::kGeneric;
 }
 }  // namespace
@@ -636,6 +664,12 @@ void run_batched_experts(const FusedMoeArgs& args, const BatchedExpertsArgs& b, 
 
 void set_bench_gemm_only(bool on) { g_gemm_only.store(on); }
 
+static std::string describe_call(const FusedMoeArgs& args) {
+  std::string why;
+  const Path path = choose(args, make_problem(args), &why);
+  return fmt::format("{} path ({})", path_name(path), why);
+}
+
 const ExpertsImpl& fused_impl() {
   static const ExpertsImpl impl = [] {
     ExpertsImpl i;
@@ -645,6 +679,7 @@ const ExpertsImpl& fused_impl() {
     i.available = available;
     i.workspace_size = workspace_size;
     i.run = run;
+    i.describe_call = describe_call;
     return i;
   }();
   return impl;
