@@ -166,7 +166,8 @@ Tensor to_device(const Tensor& t, const Device& d) {
 
 // x / router_logits / out against the layer (forward's checks).
 void check_io(const char* name, const TensorView& t, int64_t rows, int64_t cols,
-              std::initializer_list<DType> dtypes, const char* what, const Device& device) {
+              std::initializer_list<DType> dtypes, const char* what, const Device& device,
+              const char* fn = "Fp8MoeLayer.forward") {
   std::string dts;
   for (DType d : dtypes) dts += fmt::format("{}{}", dts.empty() ? "" : " or ", dtype_name(d));
   bool dtype_ok = false;
@@ -175,21 +176,20 @@ void check_io(const char* name, const TensorView& t, int64_t rows, int64_t cols,
       "({}, {}) {} ({})", rows < 0 ? std::string("M") : std::to_string(rows), cols, dts, what);
   if (!t.defined() || t.ndim != 2 || (rows >= 0 && t.size(0) != rows) || t.size(1) != cols ||
       !dtype_ok) {
-    throw ValueError(fmt::format("Fp8MoeLayer.forward: {} is {}, expected {}", name,
+    throw ValueError(fmt::format("{}: {} is {}, expected {}", fn, name,
                                  t.defined() ? t.describe() : std::string("missing"), expected));
   }
   if (!t.is_contiguous()) {
-    throw ValueError(
-        fmt::format("Fp8MoeLayer.forward: {} {} must be contiguous", name, t.describe()));
+    throw ValueError(fmt::format("{}: {} {} must be contiguous", fn, name, t.describe()));
   }
   if (!(t.device == device)) {
     throw ValueError(fmt::format(
-        "Fp8MoeLayer.forward: {} is on {}, but the layer's weights are on {}; fp8moe does not "
-        "copy inputs between devices",
-        name, t.device.str(), device.str()));
+        "{}: {} is on {}, but the layer's weights are on {}; fp8moe does not copy inputs between "
+        "devices",
+        fn, name, t.device.str(), device.str()));
   }
   if (t.numel() > 0 && !t.data) {
-    throw ValueError(fmt::format("Fp8MoeLayer.forward: {} {} has no data", name, t.describe()));
+    throw ValueError(fmt::format("{}: {} {} has no data", fn, name, t.describe()));
   }
 }
 
@@ -422,8 +422,13 @@ std::size_t Fp8MoeLayer::workspace_size(int64_t num_tokens) const {
 std::string Fp8MoeLayer::describe_call(const TensorView& x, const TensorView& router_logits,
                                        const TensorView& out) const {
   const State& st = *s_;
-  check_io("x", x, -1, st.plan.hidden, {DType::kBF16, DType::kF32}, "num_tokens, hidden",
-           st.device);
+  constexpr const char* fn = "Fp8MoeLayer.describe_call";
+  check_io("x", x, -1, st.plan.hidden, {DType::kBF16, DType::kF32}, "num_tokens, hidden", st.device,
+           fn);
+  check_io("router_logits", router_logits, x.size(0), st.plan.num_experts,
+           {DType::kF32, DType::kBF16}, "num_tokens, global experts", st.device, fn);
+  check_io("out", out, x.size(0), st.plan.hidden, {x.dtype}, "num_tokens, hidden; the dtype of x",
+           st.device, fn);
   const int64_t M = std::min(x.size(0), st.max_tokens);
   if (M == 0) return {};
   const KernelChoice c = kernel_for(M);

@@ -313,6 +313,7 @@ TEST(Layer, DescribeCallSaysHowTheKernelRuns) {
               "");
     const Tensor x_bad = testing::randn(12, 128, DType::kBF16, 0.1f, 42);
     EXPECT_THROW(layer.describe_call(x_bad, logits, out), ValueError);
+    EXPECT_THROW(layer.describe_call(x, TensorView{}, out), ValueError);
   }
   Fp8MoeLayer ref = Fp8MoeLayer::from_checkpoint(example_dir(), {}, ref_options());
   EXPECT_EQ(ref.describe_call(x, logits, out), "");
