@@ -132,8 +132,7 @@ RouteScore parse_scoring(const std::string& f) {
 }
 
 // RoutingConfig -> the kernel's routing choices, method by method as numerics::route_row.
-void set_routing(const RoutingConfig& r, int64_t E, MoeProblem& p) {
-  RoutingParams& rp = p.rp;
+void set_routing(const RoutingConfig& r, int64_t E, RoutingParams& rp) {
   const auto m = r.method;
   const int k = r.topk;
   const bool has_bias = r.e_score_correction_bias.defined();
@@ -225,6 +224,22 @@ void set_routing(const RoutingConfig& r, int64_t E, MoeProblem& p) {
 
 }  // namespace
 
+RoutingParams routing_params(const TensorView& logits, const RoutingConfig& r) {
+  if (!logits.defined() || logits.ndim != 2)
+    bad(fmt::format("router_logits {} must be (M, E)", logits.describe()));
+  if (logits.dtype != DType::kF32 && logits.dtype != DType::kBF16)
+    bad(fmt::format("router_logits {} must be f32 or bf16", logits.describe()));
+  const int64_t E = logits.size(1);
+  if (E > 1024) unsupported("routing over more than 1024 experts");
+  if (r.topk < 1 || r.topk > E || r.topk > 32)
+    bad(fmt::format("topk {} must be in [1, min(32, E={})]", r.topk, E));
+  RoutingParams rp;
+  rp.logits = logits.data;
+  rp.logits_bf16 = logits.dtype == DType::kBF16;
+  set_routing(r, E, rp);
+  return rp;
+}
+
 MoeProblem make_problem(const FusedMoeArgs& a) {
   MoeProblem p;
   const auto& w = a.weights;
@@ -298,14 +313,8 @@ MoeProblem make_problem(const FusedMoeArgs& a) {
     if (!a.expert_map.defined() && p.E_global != p.E)
       bad(fmt::format("router_logits has {} experts but w13 has {} and there is no expert_map",
                       p.E_global, p.E));
-    if (p.E_global > 1024) unsupported("routing over more than 1024 experts");
-    const auto& r = a.routing;
-    p.topk = r.topk;
-    if (p.topk < 1 || p.topk > p.E_global || p.topk > 32)
-      bad(fmt::format("topk {} must be in [1, min(32, E={})]", p.topk, p.E_global));
-    p.rp.logits = a.router_logits.data;
-    p.rp.logits_bf16 = a.router_logits.dtype == DType::kBF16;
-    set_routing(r, p.E_global, p);
+    p.rp = routing_params(a.router_logits, a.routing);
+    p.topk = a.routing.topk;
   }
   p.router_on_input = a.apply_router_weight_on_input;
   if (p.router_on_input && p.topk != 1) bad("apply_router_weight_on_input needs topk == 1");

@@ -48,6 +48,10 @@ struct MoeProblem {
   }
 };
 
+// The routing kernel's parameters for `logits` (M, E) f32/bf16 with `r` (make_problem's checks
+// and method mapping: E <= 1024, 1 <= topk <= min(32, E), the method's bias and groups).
+RoutingParams routing_params(const TensorView& logits, const RoutingConfig& r);
+
 // Checks args (beyond validate_fused_moe_args: what this implementation computes) and flattens
 // them. Throws ValueError / NotImplementedError naming the problem.
 MoeProblem make_problem(const FusedMoeArgs& args);

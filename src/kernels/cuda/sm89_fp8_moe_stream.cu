@@ -194,10 +194,9 @@ void run_stream(const MoeProblem& p, void* workspace, bool gemm_only) {
   sp.h_f32 = p.x_f32 || p.fused_silu_quant;
   sp.router_on_input = p.router_on_input;
   sp.x = p.x;
-  // routing inside prep for decode sizes (one warp per token in CTA 0; grouped top-k needs
-  // E_global + 32 floats of scratch per token)
-  sp.route_fused = p.route_in_kernel && p.M <= kStreamWarps &&
-                   (!p.rp.grouped || p.M * (p.E_global + 32) <= 4 * 1024);
+  // routing inside prep for decode sizes (CTA 0 routes every token, one after the other; CTA 1 + t
+  // routes token t again for its own quantisation)
+  sp.route_fused = p.route_in_kernel && p.M <= kStreamWarps;
   sp.rp = p.rp;
   sp.ids_ws = reinterpret_cast<int32_t*>(ws + L.ids);
   sp.tw_ws = reinterpret_cast<float*>(ws + L.tw);

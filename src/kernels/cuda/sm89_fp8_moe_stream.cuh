@@ -540,20 +540,20 @@ __global__ void __launch_bounds__(kStreamThreads)
   pdl_wait();
   pdl_trigger();
   const int tid = threadIdx.x;
-  __shared__ int32_t s_tab[4 * 1024];  // alignment tables, or routing scratch before them
+  // alignment tables, or the routing scratch before them (route_smem_bytes(1024) fits)
+  __shared__ __align__(16) int32_t s_tab[4 * 1024];
+  static_assert(route_smem_bytes(kRouteMaxExperts) <= int(sizeof(s_tab)));
   if (blockIdx.x == 0) {
     int32_t* s_cnt = s_tab;
     int32_t* s_aidx = s_tab + 1024;
     int32_t* s_cur = s_tab + 2048;
     int32_t* s_off = s_tab + 3072;
     __shared__ int32_t s_wa[kStreamWarps], s_wc[kStreamWarps];
-    if constexpr (kRoute) {  // one warp per token (M <= 8), scratch of E_global + 32 floats each
-      const int warp = tid >> 5;
-      if (warp < p.M)
-        route_token_warp(p.rp, warp, p.E_global, p.topk,
-                         reinterpret_cast<float*>(s_tab) + warp * (p.E_global + 32),
-                         p.ids_ws + warp * p.topk, p.tw_ws + warp * p.topk);
-      __syncthreads();
+    if constexpr (kRoute) {  // the block routes the tokens one after the other (M <= 8)
+      for (int t = 0; t < p.M; ++t)
+        route_token_block<kRouteMaxExperts / kStreamThreads>(
+            p.rp, t, p.E_global, p.topk, reinterpret_cast<unsigned char*>(s_tab),
+            p.ids_ws + t * p.topk, p.tw_ws + t * p.topk);
     }
     const int E = p.E;
     for (int e = tid; e < E; e += kStreamThreads) {
@@ -631,9 +631,8 @@ __global__ void __launch_bounds__(kStreamThreads)
   if constexpr (kRoute) {  // the same routing as CTA 0's, for this token only
     __shared__ int32_t s_ids[32];
     __shared__ float s_tw[32];
-    if (tid < 32)
-      route_token_warp(p.rp, t, p.E_global, p.topk, reinterpret_cast<float*>(s_tab), s_ids, s_tw);
-    __syncthreads();
+    route_token_block<kRouteMaxExperts / kStreamThreads>(
+        p.rp, t, p.E_global, p.topk, reinterpret_cast<unsigned char*>(s_tab), s_ids, s_tw);
     tids = s_ids;
     ttw = s_tw;
   }

@@ -1,18 +1,45 @@
-// Launcher of the routing kernel (smxx_moe_routing.cuh).
+// The routing kernel (one block per token over smxx_moe_routing.cuh's route_token_block), its
+// launcher and its test hook.
+#include "cuda_check.hpp"
+#include "fused_moe_cuda.hpp"
 #include "moe_launchers.hpp"
+#include "moe_problem.hpp"
 #include "smxx_moe_routing.cuh"
 
 namespace fp8moe::cuda {
 
+namespace {
+
+// Threads of the routing kernel's block for E experts (one expert per thread; E <= 1024).
+__host__ __device__ constexpr int route_threads(int E) {
+  return E <= 32 ? 32 : (E >= 1024 ? 1024 : (E + 31) / 32 * 32);
+}
+
+// One block per token.
+__global__ void __launch_bounds__(1024)
+    moe_route_kernel(RoutingParams rp, int E, int topk, int32_t* topk_ids, float* topk_w) {
+  extern __shared__ __align__(16) unsigned char route_smem[];
+  const int t = blockIdx.x;
+  route_token_block<1>(rp, t, E, topk, route_smem, topk_ids + int64_t(t) * topk,
+                       topk_w + int64_t(t) * topk);
+}
+
+}  // namespace
+
 void launch_route(const RoutingParams& rp, int M, int E, int topk, int32_t* ids, float* w,
                   cudaStream_t stream) {
   if (M == 0) return;
-  constexpr int kWarps = 4;
-  const int smem = kWarps * (E + 32) * static_cast<int>(sizeof(float));
-  moe_route_kernel<kWarps>
-      <<<static_cast<unsigned>(ceil_div(M, kWarps)), kWarps * 32, smem, stream>>>(rp, M, E, topk,
-                                                                                  ids, w);
+  moe_route_kernel<<<static_cast<unsigned>(M), route_threads(E), route_smem_bytes(E), stream>>>(
+      rp, E, topk, ids, w);
   FP8MOE_CUDA_CHECK_LAUNCH();
+}
+
+void device_route(const TensorView& logits, const RoutingConfig& cfg, int32_t* ids, float* w) {
+  const RoutingParams rp = routing_params(logits, cfg);
+  if (!logits.device.is_cuda()) throw ValueError("device_route: logits must be on the GPU");
+  launch_route(rp, static_cast<int>(logits.size(0)), static_cast<int>(logits.size(1)), cfg.topk,
+               ids, w, nullptr);
+  FP8MOE_CUDA_CHECK(cudaDeviceSynchronize());
 }
 
 }  // namespace fp8moe::cuda

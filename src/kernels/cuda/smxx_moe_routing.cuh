@@ -1,10 +1,20 @@
-// Routing on the device (spec/numerics.md §1), one warp per token, with the semantics of
+// Routing on the device (spec/numerics.md §1), one thread block per token, with the semantics of
 // numerics/routing.cpp (the reference): scores in fp32 (softmax, sigmoid or sqrt(softplus); scores
-// that are not finite become 0), selection on score + correction bias or on the raw logits, one
-// expert at a time with ties to the lower index (NaN keys rank lowest), optional grouped top-k
+// that are not finite become 0), selection on score + correction bias or on the raw logits, best
+// key first with ties to the lower index (NaN keys rank lowest), optional grouped top-k
 // (DeepSeek-V2/V3: groups ranked by the sum of their two best keys, or their best score), then the
 // weights, an optional renormalisation summed in slot order, and the routed scaling factor.
-// Works for E_global <= 1024.
+// Works for E_global <= 1024, topk <= 32, num_expert_group <= 32.
+//
+// Why a block per token and ranks instead of a warp picking one expert at a time: one warp routing
+// a 256-expert token executed ~5,300 dependent instructions at ~10 cycles each (ncu, DeepSeek-V3
+// TP8: 28 us per routing kernel, 36 us for the stream path's prep; docs/PERFORMANCE.md run 9).
+// Here every thread owns experts and turns each key into one 64-bit integer whose order is exactly
+// the selection order (key bits made monotonic, NaN lowest, -0 == +0, then the inverted index). An
+// expert's slot is the number of keys above its own; it wins when that is below topk. To keep the
+// work near E * topk instead of E^2, each expert first counts inside its chunk of 32, and only
+// the topk best of every chunk (the candidates) count among the candidates (step 3 says why that
+// is exact).
 #pragma once
 
 #include "cuda_common.cuh"
@@ -23,244 +33,245 @@ __device__ __forceinline__ bool route_better(float a, int ia, float b, int ib) {
   return a > b || (a == b && ia < ib);
 }
 
-// Warp-wide argmax of (key, index) over the lanes' candidates.
-__device__ __forceinline__ void route_warp_best(float& v, int& i, float& payload) {
-#pragma unroll
-  for (int o = 16; o > 0; o >>= 1) {
-    const float ov = __shfl_xor_sync(0xffffffffu, v, o);
-    const int oi = __shfl_xor_sync(0xffffffffu, i, o);
-    const float op = __shfl_xor_sync(0xffffffffu, payload, o);
-    if (oi != 0x7fffffff && route_better(ov, oi, v, i)) {
-      v = ov;
-      i = oi;
-      payload = op;
-    }
-  }
-}
-
 __device__ __forceinline__ float route_load(const void* p, bool bf16, int64_t i) {
   return bf16 ? bf16_bits_to_float(static_cast<const uint16_t*>(p)[i])
               : static_cast<const float*>(p)[i];
 }
 
-// Device routine: the calling warp routes token `t`; lane l owns experts l + 32 i, i < kPerLane
-// (E <= 32 kPerLane). `sbuf` is per-warp shared scratch of at least E + 32 floats (grouped top-k
-// only). Lane j < topk writes slot j to out_ids[j], out_w[j].
-template <int kPerLane>
-__device__ inline void route_token_warp_t(const RoutingParams& rp, int t, int E, int topk,
-                                          float* sbuf, int32_t* out_ids, float* out_w) {
-  const int lane = threadIdx.x & 31;
-  const RouteScore sk = static_cast<RouteScore>(rp.score);
-  float logit[kPerLane];
-  float score[kPerLane];  // unbiased scores (the logits for kLogits)
-  float key[kPerLane];    // selection key
-#pragma unroll
-  for (int i = 0; i < kPerLane; ++i) {
-    const int e = lane + 32 * i;
-    logit[i] = e < E ? route_load(rp.logits, rp.logits_bf16, int64_t(t) * E + e) : 0.0f;
+// Bytes of shared scratch route_token_block needs for E experts (16-byte aligned).
+__host__ __device__ constexpr int route_smem_bytes(int E) {
+  return 12 * ((E + 31) / 32 * 32) + 1024;
+}
+
+// The selection order of (key, expert) as one integer, larger = selected first: the key's bits
+// made monotonic (-0 ranks as +0, NaN below every number), then the inverted index (ties to the
+// lower index). Never 0 for E <= 1024, so 0 can mark "not selectable".
+__device__ __forceinline__ uint64_t route_order(float key, int e) {
+  uint32_t u = 0;
+  if (!isnan(key)) {
+    const uint32_t b = __float_as_uint(key == 0.0f ? 0.0f : key);
+    u = (b & 0x80000000u) ? ~b : (b | 0x80000000u);
   }
+  return (uint64_t(u) << 32) | (0xffffffffu - static_cast<uint32_t>(e));
+}
+
+// How many of keys[0, n) are above `mine`; stops once the count reaches `stop` (checked every 32
+// keys). kVec: keys is 16-byte aligned (pairs of keys per shared-memory load).
+template <bool kVec>
+__device__ __forceinline__ int route_count_above(const uint64_t* keys, int n, uint64_t mine,
+                                                 int stop) {
+  int c = 0, j = 0;
+  for (; j + 32 <= n; j += 32) {
+    if constexpr (kVec) {
+#pragma unroll 4
+      for (int q = 0; q < 32; q += 2) {
+        const ulonglong2 v = *reinterpret_cast<const ulonglong2*>(keys + j + q);
+        c += (v.x > mine) + (v.y > mine);
+      }
+    } else {
+#pragma unroll 8
+      for (int q = 0; q < 32; ++q) c += keys[j + q] > mine;
+    }
+    if (c >= stop) return c;
+  }
+  for (; j < n; ++j) c += keys[j] > mine;
+  return c;
+}
+
+// The calling block (blockDim.x a multiple of 32, at least E / kOwn threads; every thread calls)
+// routes token t.
+// `smem`: route_smem_bytes(E) bytes, 16-byte aligned. Lane j < topk of warp 0 writes slot j to
+// out_ids[j], out_w[j]. Ends with __syncthreads(), so the caller may reuse the scratch.
+template <int kOwn>
+__device__ inline void route_token_block(const RoutingParams& rp, int t, int E, int topk,
+                                         unsigned char* smem, int32_t* out_ids, float* out_w) {
+  const int tid = threadIdx.x, nt = blockDim.x, lane = tid & 31, warp = tid >> 5;
+  const int Ep = (E + 31) / 32 * 32;                               // chunks of 32 experts
+  uint64_t* s_key = reinterpret_cast<uint64_t*>(smem);             // Ep selection orders (0: none)
+  float* s_score = reinterpret_cast<float*>(smem + 8 * Ep);        // E scores
+  float* s_misc = s_score + E;                                     // 256 floats:
+  float* s_red = s_misc;                                           //   per-warp maxima (softmax)
+  float* s_g0 = s_misc + 32;                                       //   best key of each group
+  float* s_g1 = s_misc + 64;                                       //   second key of each group
+  float* s_sel_s = s_misc + 96;                                    //   slot -> score
+  float* s_sel_l = s_misc + 128;                                   //   slot -> logit
+  int32_t* s_sel_id = reinterpret_cast<int32_t*>(s_misc + 160);    // slot -> expert
+  float* s_sum = s_misc + 192;                                     //   softmax denominator
+  unsigned* s_chosen = reinterpret_cast<unsigned*>(s_misc + 193);  // chosen groups
+  const RouteScore sk = static_cast<RouteScore>(rp.score);
+  const int64_t row = int64_t(t) * E;
+  auto logit = [&](int e) { return route_load(rp.logits, rp.logits_bf16, row + e); };
+  auto key_of = [&](int e) {
+    return rp.bias ? s_score[e] + route_load(rp.bias, rp.bias_bf16, e) : s_score[e];
+  };
+
+  // 1. scores and selection keys
+  float denom = 1.0f;
   if (sk == RouteScore::kSoftmax) {
     float mx = -INFINITY;
-#pragma unroll
-    for (int i = 0; i < kPerLane; ++i)
-      if (lane + 32 * i < E) mx = fmaxf(mx, logit[i]);
+    for (int e = tid; e < E; e += nt) mx = fmaxf(mx, logit(e));
     mx = warp_max(mx);
-    float sum = 0.0f;
-#pragma unroll
-    for (int i = 0; i < kPerLane; ++i) {
-      const float v = lane + 32 * i < E ? expf(logit[i] - mx) : 0.0f;
-      score[i] = v;
-      sum += v;
+    if (lane == 0) s_red[warp] = mx;
+    __syncthreads();
+    mx = s_red[0];
+    for (int w = 1; w < (nt >> 5); ++w) mx = fmaxf(mx, s_red[w]);
+    for (int e = tid; e < E; e += nt) s_score[e] = expf(logit(e) - mx);
+    __syncthreads();
+    if (warp == 0) {  // lane l sums experts l, l + 32, ... in order, then across the warp
+      float sum = 0.0f;
+      for (int e = lane; e < E; e += 32) sum += s_score[e];
+      sum = warp_sum(sum);
+      if (lane == 0) *s_sum = sum;
     }
-    sum = warp_sum(sum);
-#pragma unroll
-    for (int i = 0; i < kPerLane; ++i) score[i] = score[i] / sum;
-  } else if (sk == RouteScore::kSigmoid) {
-#pragma unroll
-    for (int i = 0; i < kPerLane; ++i) score[i] = 1.0f / (1.0f + expf(-logit[i]));
-  } else if (sk == RouteScore::kSqrtSoftplus) {
-#pragma unroll
-    for (int i = 0; i < kPerLane; ++i) {
-      const float l = logit[i];
-      score[i] = sqrtf(l > 20.0f ? l : log1pf(expf(l)));
+    __syncthreads();
+    denom = *s_sum;
+  }
+  for (int e = tid; e < E; e += nt) {
+    float s;
+    if (sk == RouteScore::kSoftmax) {
+      s = s_score[e] / denom;
+    } else if (sk == RouteScore::kSigmoid) {
+      s = 1.0f / (1.0f + expf(-logit(e)));
+    } else if (sk == RouteScore::kSqrtSoftplus) {
+      const float l = logit(e);
+      s = sqrtf(l > 20.0f ? l : log1pf(expf(l)));
+    } else {
+      s = logit(e);
     }
-  } else {
-#pragma unroll
-    for (int i = 0; i < kPerLane; ++i) score[i] = logit[i];
+    if (sk != RouteScore::kLogits && !isfinite(s)) s = 0.0f;
+    s_score[e] = s;
+    s_key[e] = route_order(rp.bias ? s + route_load(rp.bias, rp.bias_bf16, e) : s, e);
   }
-  if (sk != RouteScore::kLogits) {
-#pragma unroll
-    for (int i = 0; i < kPerLane; ++i)
-      if (!isfinite(score[i])) score[i] = 0.0f;
+  for (int e = E + tid; e < Ep; e += nt) s_key[e] = 0;  // the last chunk's padding
+  if (tid < 32) {
+    s_g1[tid] = 0.0f;  // a one-expert group's "second best"
+    s_sel_id[tid] = 0;
+    s_sel_s[tid] = 0.0f;
+    s_sel_l[tid] = 0.0f;
   }
-#pragma unroll
-  for (int i = 0; i < kPerLane; ++i) {
-    const int e = lane + 32 * i;
-    key[i] = score[i];
-    if (rp.bias && e < E) key[i] = score[i] + route_load(rp.bias, rp.bias_bf16, e);
-  }
-  uint32_t taken = 0;  // bit i: expert lane + 32 i is not selectable
+  if (tid == 0) *s_chosen = 0u;
+  __syncthreads();
 
-  // grouped top-k: keep the topk_group best groups
+  // 2. grouped top-k: keep the topk_group best groups (group score: the sum of the two best keys
+  // with a bias, else the best key, fmaxf-style: -inf when every key is NaN)
   if (rp.grouped) {
-    const int G = rp.num_expert_group;
-    const int per = E / G;
-    float* s_key = sbuf;        // E floats
-    float* s_group = sbuf + E;  // G floats (G <= 32 in practice; guarded below)
-#pragma unroll
-    for (int i = 0; i < kPerLane; ++i) {
-      const int e = lane + 32 * i;
-      if (e < E) s_key[e] = key[i];
-    }
-    __syncwarp();
-    for (int g = lane; g < G; g += 32) {
-      const float* kg = s_key + g * per;
-      float gs;
-      if (rp.bias) {  // sum of the two best keys (ties: lower index first)
-        int b0 = 0x7fffffff, b1 = 0x7fffffff;
-        float v0 = 0.0f, v1 = 0.0f;
-        for (int i = 0; i < per; ++i) {
-          const float v = kg[i];
-          if (route_better(v, i, v0, b0)) {
-            v1 = v0;
-            b1 = b0;
-            v0 = v;
-            b0 = i;
-          } else if (route_better(v, i, v1, b1)) {
-            v1 = v;
-            b1 = i;
-          }
-        }
-        gs = v0 + v1;
-      } else {
-        gs = -INFINITY;
-        for (int i = 0; i < per; ++i) gs = fmaxf(gs, kg[i]);
-      }
-      s_group[g] = gs;
-    }
-    __syncwarp();
-    // choose topk_group groups; chosen groups are marked in `chosen` (G <= 32 per lane bit, else
-    // the group array)
-    uint32_t chosen_lo = 0;  // groups 0..31 (bitmask, same in every lane)
-    for (int r = 0; r < rp.topk_group; ++r) {
-      float bv = 0.0f;
-      int bi = 0x7fffffff;
-      float dummy = 0.0f;
-      for (int g = lane; g < G; g += 32) {
-        const bool used = g < 32 ? ((chosen_lo >> g) & 1u) : s_group[g] != s_group[g];
-        if (!used && route_better(s_group[g], g, bv, bi)) {
-          bv = s_group[g];
-          bi = g;
-        }
-      }
-      route_warp_best(bv, bi, dummy);
-      if (bi < 32) chosen_lo |= 1u << bi;
-    }
-#pragma unroll
-    for (int i = 0; i < kPerLane; ++i) {
-      const int e = lane + 32 * i;
+    const int G = rp.num_expert_group, per = E / G;
+    for (int e = tid; e < G * per; e += nt) {
       const int g = e / per;
-      if (e < E && !(g < 32 && ((chosen_lo >> g) & 1u))) taken |= 1u << i;
-    }
-    __syncwarp();
-  }
-
-  // top-k, one expert at a time
-  float my_w = 0.0f;
-  int32_t my_id = -1;
-  float my_logit = 0.0f;
-  for (int j = 0; j < topk; ++j) {
-    float bv = 0.0f;
-    int bi = 0x7fffffff;
-    float bpay = 0.0f;
-#pragma unroll
-    for (int i = 0; i < kPerLane; ++i) {
-      const int e = lane + 32 * i;
-      if (e < E && !((taken >> i) & 1u) && route_better(key[i], e, bv, bi)) {
-        bv = key[i];
-        bi = e;
-        bpay = static_cast<float>(i);
+      const int c = route_count_above<false>(s_key + g * per, per, s_key[e], 2);
+      const float k = key_of(e);
+      if (rp.bias) {
+        if (c == 0)
+          s_g0[g] = k;
+        else if (c == 1)
+          s_g1[g] = k;
+      } else if (c == 0) {
+        s_g0[g] = isnan(k) ? -INFINITY : k;
       }
     }
-    route_warp_best(bv, bi, bpay);
-    if (bi == 0x7fffffff) bi = 0;  // cannot happen: topk <= selectable experts (host checks)
-    const int owner = bi & 31, slot = bi >> 5;
-    // fetch the score and logit of the winner from its owner lane
-    float s_w = 0.0f, s_l = 0.0f;
-#pragma unroll
-    for (int i = 0; i < kPerLane; ++i) {
-      if (i == slot) {
-        s_w = score[i];
-        s_l = logit[i];
+    __syncthreads();
+    if (tid < G) {
+      const float mine = rp.bias ? s_g0[tid] + s_g1[tid] : s_g0[tid];
+      int c = 0;
+      for (int h = 0; h < G; ++h) {
+        const float o = rp.bias ? s_g0[h] + s_g1[h] : s_g0[h];
+        c += h != tid && route_better(o, h, mine, tid);
       }
+      if (c < rp.topk_group) atomicOr(s_chosen, 1u << tid);
     }
-    s_w = __shfl_sync(0xffffffffu, s_w, owner);
-    s_l = __shfl_sync(0xffffffffu, s_l, owner);
-    if (lane == owner) taken |= 1u << slot;
-    if (lane == j) {
-      my_id = bi;
-      my_w = s_w;
-      my_logit = s_l;
+    __syncthreads();
+    const unsigned chosen = *s_chosen;
+    for (int e = tid; e < E; e += nt) {
+      const int g = e / per;
+      if (g >= G || !((chosen >> g) & 1u)) s_key[e] = 0;  // not selectable
+    }
+    __syncthreads();
+  }
+
+  // 3. top-k. An expert's slot is the number of selectable keys above its own. Counting over all
+  // E keys for every expert is E^2 work (measured 364 us for 8192 tokens of E = 512), so first
+  // each expert counts inside its chunk of 32: only the topk best of a chunk can win (if topk keys
+  // of its chunk are above it, it has lost), and any key above a winner is itself among the
+  // topk best of its chunk. So the winners and their slots follow from counting over those
+  // candidates only: (Ep / 32) * topk keys, written over the key array.
+  uint64_t mine[kOwn];
+  int local[kOwn];
+#pragma unroll
+  for (int i = 0; i < kOwn; ++i) {
+    const int e = tid + i * nt;
+    mine[i] = 0;
+    local[i] = 32;
+    if (e < Ep) {
+      mine[i] = s_key[e];
+      local[i] = route_count_above<true>(s_key + (e & ~31), 32, mine[i], 32);
     }
   }
-
-  // weights
-  const RouteWeight wk = static_cast<RouteWeight>(rp.weight);
-  if (wk == RouteWeight::kSoftmaxSelected) {
-    float mx = -INFINITY;
-    for (int j = 0; j < topk; ++j) mx = fmaxf(mx, __shfl_sync(0xffffffffu, my_logit, j));
-    const float ex = expf(my_logit - mx);
-    float sum = 0.0f;
-    for (int j = 0; j < topk; ++j) sum += __shfl_sync(0xffffffffu, ex, j);
-    my_w = ex / sum;
-    if (!isfinite(my_w)) my_w = 0.0f;
-  } else if (wk == RouteWeight::kLogit) {
-    my_w = isfinite(my_logit) ? my_logit : 0.0f;
-  } else if (wk == RouteWeight::kSigmoidLogit) {
-    my_w = 1.0f / (1.0f + expf(-my_logit));
-    if (!isfinite(my_w)) my_w = 0.0f;
+  __syncthreads();  // every key read: the candidates go over them
+  uint64_t* s_cand = s_key;
+  const int C = (Ep / 32) * topk;
+#pragma unroll
+  for (int i = 0; i < kOwn; ++i) {
+    const int e = tid + i * nt;  // the warp's lanes share e's chunk
+    if (e - lane < Ep) {
+      const int chunk = e >> 5;
+      const int nz = __popc(__ballot_sync(0xffffffffu, mine[i] != 0));
+      if (mine[i] != 0 && local[i] < topk) s_cand[chunk * topk + local[i]] = mine[i];
+      if (lane >= nz && lane < topk) s_cand[chunk * topk + lane] = 0;  // slots left empty
+    }
   }
-  if (rp.renorm != static_cast<int>(RouteRenorm::kNone)) {
-    float sum = 0.0f;
-    for (int j = 0; j < topk; ++j) sum += __shfl_sync(0xffffffffu, my_w, j);
-    float denom =
-        rp.renorm == static_cast<int>(RouteRenorm::kMaxSumEps) ? fmaxf(sum, rp.eps) : sum + rp.eps;
-    if (!(denom > 0.0f)) denom = 1.0f;
-    my_w = my_w / denom;
+  __syncthreads();
+#pragma unroll
+  for (int i = 0; i < kOwn; ++i) {
+    const int e = tid + i * nt;
+    if (e >= E || mine[i] == 0 || local[i] >= topk) continue;
+    const int c = route_count_above<true>(s_cand, C, mine[i], topk);
+    if (c < topk) {
+      s_sel_id[c] = e;
+      s_sel_s[c] = s_score[e];
+      s_sel_l[c] = logit(e);
+    }
   }
-  if (rp.apply_rsf && rp.routed_scaling_factor != 1.0f) my_w *= rp.routed_scaling_factor;
-  if (lane < topk) {
-    out_ids[lane] = my_id;
-    out_w[lane] = my_w;
+  __syncthreads();
+
+  // 4. weights (warp 0, lane j = slot j; sums in slot order)
+  if (warp == 0) {
+    int32_t my_id = -1;
+    float my_w = 0.0f, my_logit = 0.0f;
+    if (lane < topk) {
+      my_id = s_sel_id[lane];
+      my_w = s_sel_s[lane];
+      my_logit = s_sel_l[lane];
+    }
+    const RouteWeight wk = static_cast<RouteWeight>(rp.weight);
+    if (wk == RouteWeight::kSoftmaxSelected) {
+      float mx = -INFINITY;
+      for (int j = 0; j < topk; ++j) mx = fmaxf(mx, __shfl_sync(0xffffffffu, my_logit, j));
+      const float ex = expf(my_logit - mx);
+      float sum = 0.0f;
+      for (int j = 0; j < topk; ++j) sum += __shfl_sync(0xffffffffu, ex, j);
+      my_w = ex / sum;
+      if (!isfinite(my_w)) my_w = 0.0f;
+    } else if (wk == RouteWeight::kLogit) {
+      my_w = isfinite(my_logit) ? my_logit : 0.0f;
+    } else if (wk == RouteWeight::kSigmoidLogit) {
+      my_w = 1.0f / (1.0f + expf(-my_logit));
+      if (!isfinite(my_w)) my_w = 0.0f;
+    }
+    if (rp.renorm != static_cast<int>(RouteRenorm::kNone)) {
+      float sum = 0.0f;
+      for (int j = 0; j < topk; ++j) sum += __shfl_sync(0xffffffffu, my_w, j);
+      float d = rp.renorm == static_cast<int>(RouteRenorm::kMaxSumEps) ? fmaxf(sum, rp.eps)
+                                                                       : sum + rp.eps;
+      if (!(d > 0.0f)) d = 1.0f;
+      my_w = my_w / d;
+    }
+    if (rp.apply_rsf && rp.routed_scaling_factor != 1.0f) my_w *= rp.routed_scaling_factor;
+    if (lane < topk) {
+      out_ids[lane] = my_id;
+      out_w[lane] = my_w;
+    }
   }
-}
-
-// Dispatch on the experts per lane (registers scale with it).
-__device__ __forceinline__ void route_token_warp(const RoutingParams& rp, int t, int E, int topk,
-                                                 float* sbuf, int32_t* out_ids, float* out_w) {
-  if (E <= 32)
-    route_token_warp_t<1>(rp, t, E, topk, sbuf, out_ids, out_w);
-  else if (E <= 64)
-    route_token_warp_t<2>(rp, t, E, topk, sbuf, out_ids, out_w);
-  else if (E <= 128)
-    route_token_warp_t<4>(rp, t, E, topk, sbuf, out_ids, out_w);
-  else if (E <= 256)
-    route_token_warp_t<8>(rp, t, E, topk, sbuf, out_ids, out_w);
-  else if (E <= 512)
-    route_token_warp_t<16>(rp, t, E, topk, sbuf, out_ids, out_w);
-  else
-    route_token_warp_t<32>(rp, t, E, topk, sbuf, out_ids, out_w);
-}
-
-template <int kWarps>
-__global__ void __launch_bounds__(kWarps * 32)
-    moe_route_kernel(RoutingParams rp, int M, int E, int topk, int32_t* topk_ids, float* topk_w) {
-  extern __shared__ float route_smem[];
-  const int warp = threadIdx.x >> 5;
-  const int t = blockIdx.x * kWarps + warp;
-  if (t >= M) return;
-  route_token_warp(rp, t, E, topk, route_smem + warp * (E + 32), topk_ids + int64_t(t) * topk,
-                   topk_w + int64_t(t) * topk);
+  __syncthreads();
 }
 
 }  // namespace fp8moe::cuda
