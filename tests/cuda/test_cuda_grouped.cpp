@@ -145,19 +145,23 @@ std::vector<float> random_scales(int64_t rows, int K, std::mt19937& rng) {
 constexpr uint16_t kPoisonBf16 = 0x7FC0;
 
 // Kernel variant under test: the m-block (128 = tokens as wgmma's M operand; 16/32/64 = swapped
-// operands) and, for the 128-row kernel, the output tile width (128 or 256; 256 falls back to 128
-// when N % 256 != 0, which the N = 384 cases check).
+// operands), for the 128-row kernel the output tile width (128 or 256; 256 falls back to 128
+// when N % 256 != 0, which the N = 384 cases check), for the swapped kernel whether its meta warp
+// prepares destinations and scales (swap_meta).
 struct GemmTile {
   int tm, tn;
+  int meta = 0;
 };
 
 std::string tile_name(const GemmTile& t) {
-  return "tile_m" + std::to_string(t.tm) + (t.tn ? "_n" + std::to_string(t.tn) : "");
+  return "tile_m" + std::to_string(t.tm) + (t.tn ? "_n" + std::to_string(t.tn) : "") +
+         (t.meta ? "_meta" : "");
 }
 
 void set_tile(cuda::GroupedGemmParams& p, const GemmTile& t) {
   p.tile_m = t.tm;
   p.tile_n = t.tn;
+  p.swap_meta = t.meta;
   // the 128 x 128 tile runs as two-CTA clusters (multicast A) where the n-blocks pair up (N = 512)
   p.mcast = t.tm == 128 && t.tn == 128 ? 1 : 0;
 }
@@ -180,76 +184,79 @@ TEST_P(CudaGroupedGemm, ContiguousExactBitwise) {
   // N = 384: three n-blocks (the 256 tile falls back to 128)
   const int E = 5, K = 384;
   const int counts[E] = {130, 0, 1, 256, 77};
-  for (const int N : {512, 384})
-    for (bool scatter : {false, true}) {
-      SCOPED_TRACE(std::string(scatter ? "scatter + row weight" : "in place") + ", N " +
-                   std::to_string(N));
-      const HostGemm g = make_weights(E, N, K, scatter, rng);
-      std::vector<int32_t> sorted, blk;
-      int num_valid = 0;
-      for (int e = 0; e < E; ++e) num_valid += counts[e];
-      // a random permutation of the valid ids over the sorted positions
-      std::vector<int32_t> perm(num_valid);
-      for (int i = 0; i < num_valid; ++i) perm[i] = i;
-      std::shuffle(perm.begin(), perm.end(), rng);
-      int next = 0;
-      std::vector<int> row_expert;
-      for (int e = 0; e < E; ++e) {
-        const int padded = (counts[e] + tm - 1) / tm * tm;
-        for (int b = 0; b < padded / tm; ++b) blk.push_back(e);
-        for (int r = 0; r < padded; ++r) {
-          sorted.push_back(r < counts[e] ? perm[next++] : num_valid);
-          row_expert.push_back(e);
+  // ctas 3: three persistent CTAs walk all the tiles (the rings and their phases wrap around)
+  for (const int ctas : {0, 3})
+    for (const int N : {512, 384})
+      for (bool scatter : {false, true}) {
+        SCOPED_TRACE(std::string(scatter ? "scatter + row weight" : "in place") + ", N " +
+                     std::to_string(N) + ", CTAs " + (ctas ? std::to_string(ctas) : "all"));
+        const HostGemm g = make_weights(E, N, K, scatter, rng);
+        std::vector<int32_t> sorted, blk;
+        int num_valid = 0;
+        for (int e = 0; e < E; ++e) num_valid += counts[e];
+        // a random permutation of the valid ids over the sorted positions
+        std::vector<int32_t> perm(num_valid);
+        for (int i = 0; i < num_valid; ++i) perm[i] = i;
+        std::shuffle(perm.begin(), perm.end(), rng);
+        int next = 0;
+        std::vector<int> row_expert;
+        for (int e = 0; e < E; ++e) {
+          const int padded = (counts[e] + tm - 1) / tm * tm;
+          for (int b = 0; b < padded / tm; ++b) blk.push_back(e);
+          for (int r = 0; r < padded; ++r) {
+            sorted.push_back(r < counts[e] ? perm[next++] : num_valid);
+            row_expert.push_back(e);
+          }
         }
-      }
-      const int64_t rows = static_cast<int64_t>(sorted.size());
-      const int64_t capacity = rows + 256;  // the layout's capacity exceeds the used rows
-      sorted.resize(capacity, num_valid);
-      blk.resize(capacity / tm, -1);
-      const std::vector<uint8_t> a = random_a(capacity, K, rng);
-      const std::vector<float> as = random_scales(capacity, K, rng);
-      std::vector<float> rw(num_valid);
-      for (auto& w : rw) w = (rng() % 3 == 0) ? 0.5f : (rng() % 2 ? 1.0f : 0.25f);
-      const Tensor dsorted = to_device(sorted, DType::kI32), dblk = to_device(blk, DType::kI32);
-      const Tensor dmeta =
-          to_device(std::vector<int32_t>{static_cast<int32_t>(rows), 0, 0, 0}, DType::kI32);
-      const Tensor drw = to_device(rw, DType::kF32);
-      cuda::GroupedGemmParams p;
-      set_tile(p, tile);
-      p.N = N;
-      expect_tile_n(p, tile);
-      p.a_rows = capacity;
-      p.expert_blk = static_cast<const int32_t*>(dblk.data());
-      p.num_rows_ptr = static_cast<const int32_t*>(dmeta.data());
-      p.sorted_ids = static_cast<const int32_t*>(dsorted.data());
-      p.num_valid = num_valid;
-      p.out_stride = N;
-      p.out_scatter = scatter;
-      p.row_weight = scatter ? static_cast<const float*>(drw.data()) : nullptr;
-      const int64_t out_rows = scatter ? num_valid : capacity;
-      const GemmRun r = run_gemm(p, g, a, as, out_rows, capacity / tm);
-      EXPECT_TRUE(r.canaries);
-      int64_t bad = 0, stray = 0;
-      std::vector<char> written(out_rows, 0);
-      for (int64_t pos = 0; pos < rows; ++pos) {
-        const int id = sorted[pos];
-        if (id >= num_valid) continue;
-        const int64_t orow = scatter ? id : pos;
-        written[orow] = 1;
-        for (int n = 0; n < N; ++n) {
-          const uint16_t want =
-              host_value(g, a, as, pos, row_expert[pos], n, scatter ? rw[id] : 1.0f);
-          if (r.out[orow * N + n] != want && bad++ < 5)
-            ADD_FAILURE() << "pos " << pos << " n " << n << ": got 0x" << std::hex
-                          << r.out[orow * N + n] << " want 0x" << want;
+        const int64_t rows = static_cast<int64_t>(sorted.size());
+        const int64_t capacity = rows + 256;  // the layout's capacity exceeds the used rows
+        sorted.resize(capacity, num_valid);
+        blk.resize(capacity / tm, -1);
+        const std::vector<uint8_t> a = random_a(capacity, K, rng);
+        const std::vector<float> as = random_scales(capacity, K, rng);
+        std::vector<float> rw(num_valid);
+        for (auto& w : rw) w = (rng() % 3 == 0) ? 0.5f : (rng() % 2 ? 1.0f : 0.25f);
+        const Tensor dsorted = to_device(sorted, DType::kI32), dblk = to_device(blk, DType::kI32);
+        const Tensor dmeta =
+            to_device(std::vector<int32_t>{static_cast<int32_t>(rows), 0, 0, 0}, DType::kI32);
+        const Tensor drw = to_device(rw, DType::kF32);
+        cuda::GroupedGemmParams p;
+        set_tile(p, tile);
+        p.max_ctas = ctas;
+        p.N = N;
+        expect_tile_n(p, tile);
+        p.a_rows = capacity;
+        p.expert_blk = static_cast<const int32_t*>(dblk.data());
+        p.num_rows_ptr = static_cast<const int32_t*>(dmeta.data());
+        p.sorted_ids = static_cast<const int32_t*>(dsorted.data());
+        p.num_valid = num_valid;
+        p.out_stride = N;
+        p.out_scatter = scatter;
+        p.row_weight = scatter ? static_cast<const float*>(drw.data()) : nullptr;
+        const int64_t out_rows = scatter ? num_valid : capacity;
+        const GemmRun r = run_gemm(p, g, a, as, out_rows, capacity / tm);
+        EXPECT_TRUE(r.canaries);
+        int64_t bad = 0, stray = 0;
+        std::vector<char> written(out_rows, 0);
+        for (int64_t pos = 0; pos < rows; ++pos) {
+          const int id = sorted[pos];
+          if (id >= num_valid) continue;
+          const int64_t orow = scatter ? id : pos;
+          written[orow] = 1;
+          for (int n = 0; n < N; ++n) {
+            const uint16_t want =
+                host_value(g, a, as, pos, row_expert[pos], n, scatter ? rw[id] : 1.0f);
+            if (r.out[orow * N + n] != want && bad++ < 5)
+              ADD_FAILURE() << "pos " << pos << " n " << n << ": got 0x" << std::hex
+                            << r.out[orow * N + n] << " want 0x" << want;
+          }
         }
+        for (int64_t orow = 0; orow < out_rows; ++orow)
+          if (!written[orow])
+            for (int n = 0; n < N; ++n) stray += r.out[orow * N + n] != kPoisonBf16;
+        EXPECT_EQ(bad, 0);
+        EXPECT_EQ(stray, 0) << "rows that are padding were written";
       }
-      for (int64_t orow = 0; orow < out_rows; ++orow)
-        if (!written[orow])
-          for (int n = 0; n < N; ++n) stray += r.out[orow * N + n] != kPoisonBf16;
-      EXPECT_EQ(bad, 0);
-      EXPECT_EQ(stray, 0) << "rows that are padding were written";
-    }
 }
 
 // Masked: expert e owns rows [e * max_m, e * max_m + count[e]); max_m not a multiple of 128.
@@ -261,49 +268,52 @@ TEST_P(CudaGroupedGemm, MaskedExactBitwise) {
   // N = 384: three n-blocks (no clusters; the 256 tile falls back); N = 768: three 256-wide tiles
   const int E = 6, K = 512, max_m = 200;
   const std::vector<int32_t> counts = {0, 200, 1, 129, 128, 57};
-  for (const int N : {384, 768}) {
-    SCOPED_TRACE("N " + std::to_string(N));
-    const HostGemm g = make_weights(E, N, K, true, rng);
-    const int64_t rows = int64_t(E) * max_m;
-    const std::vector<uint8_t> a = random_a(rows, K, rng);
-    const std::vector<float> as = random_scales(rows, K, rng);
-    const Tensor dcounts = to_device(counts, DType::kI32);
-    cuda::GroupedGemmParams p;
-    set_tile(p, tile);
-    p.mcast = -1;  // the library's default (no clusters)
-    p.N = N;
-    expect_tile_n(p, tile);
-    p.masked = 1;
-    p.a_rows = rows;
-    p.counts = static_cast<const int32_t*>(dcounts.data());
-    p.E = E;
-    p.max_m = max_m;
-    p.out_stride = N;
-    const GemmRun r = run_gemm(p, g, a, as, rows, int64_t(E) * ((max_m + tm - 1) / tm));
-    EXPECT_TRUE(r.canaries);
-    int64_t bad = 0, stray = 0;
-    for (int e = 0; e < E; ++e)
-      for (int i = 0; i < max_m; ++i) {
-        const int64_t row = int64_t(e) * max_m + i;
-        for (int n = 0; n < N; ++n) {
-          if (i < counts[e]) {
-            const uint16_t want = host_value(g, a, as, row, e, n, 1.0f);
-            if (r.out[row * N + n] != want && bad++ < 5)
-              ADD_FAILURE() << "e " << e << " row " << i << " n " << n << ": got 0x" << std::hex
-                            << r.out[row * N + n] << " want 0x" << want;
-          } else {
-            stray += r.out[row * N + n] != kPoisonBf16;
+  for (const int ctas : {0, 3})
+    for (const int N : {384, 768}) {
+      SCOPED_TRACE("N " + std::to_string(N) + ", CTAs " + (ctas ? std::to_string(ctas) : "all"));
+      const HostGemm g = make_weights(E, N, K, true, rng);
+      const int64_t rows = int64_t(E) * max_m;
+      const std::vector<uint8_t> a = random_a(rows, K, rng);
+      const std::vector<float> as = random_scales(rows, K, rng);
+      const Tensor dcounts = to_device(counts, DType::kI32);
+      cuda::GroupedGemmParams p;
+      set_tile(p, tile);
+      p.max_ctas = ctas;
+      p.mcast = -1;  // the library's default (no clusters)
+      p.N = N;
+      expect_tile_n(p, tile);
+      p.masked = 1;
+      p.a_rows = rows;
+      p.counts = static_cast<const int32_t*>(dcounts.data());
+      p.E = E;
+      p.max_m = max_m;
+      p.out_stride = N;
+      const GemmRun r = run_gemm(p, g, a, as, rows, int64_t(E) * ((max_m + tm - 1) / tm));
+      EXPECT_TRUE(r.canaries);
+      int64_t bad = 0, stray = 0;
+      for (int e = 0; e < E; ++e)
+        for (int i = 0; i < max_m; ++i) {
+          const int64_t row = int64_t(e) * max_m + i;
+          for (int n = 0; n < N; ++n) {
+            if (i < counts[e]) {
+              const uint16_t want = host_value(g, a, as, row, e, n, 1.0f);
+              if (r.out[row * N + n] != want && bad++ < 5)
+                ADD_FAILURE() << "e " << e << " row " << i << " n " << n << ": got 0x" << std::hex
+                              << r.out[row * N + n] << " want 0x" << want;
+            } else {
+              stray += r.out[row * N + n] != kPoisonBf16;
+            }
           }
         }
-      }
-    EXPECT_EQ(bad, 0);
-    EXPECT_EQ(stray, 0) << "rows past the counts were written";
-  }
+      EXPECT_EQ(bad, 0);
+      EXPECT_EQ(stray, 0) << "rows past the counts were written";
+    }
 }
 
 INSTANTIATE_TEST_SUITE_P(TileM, CudaGroupedGemm,
                          ::testing::Values(GemmTile{128, 128}, GemmTile{128, 256}, GemmTile{16, 0},
-                                           GemmTile{32, 0}, GemmTile{64, 0}),
+                                           GemmTile{32, 0}, GemmTile{64, 0}, GemmTile{16, 0, 1},
+                                           GemmTile{32, 0, 1}, GemmTile{64, 0, 1}),
                          [](const auto& info) { return tile_name(info.param); });
 
 // GEMM1 with the fused activation + 1x128 quantisation epilogue (fuse_act, the 256 tile with

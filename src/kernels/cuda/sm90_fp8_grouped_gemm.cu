@@ -27,12 +27,27 @@ int sm_count() {
 int grouped_gemm_smem_bytes() { return kGSmemBytes; }
 
 namespace {
+// CTAs of the persistent grid for `tiles` tiles: one per SM, or p.max_ctas.
+int64_t grid_ctas(const GroupedGemmParams& p, int64_t tiles) {
+  const int64_t cap = p.max_ctas > 0 ? std::min<int64_t>(p.max_ctas, sm_count()) : sm_count();
+  return std::max<int64_t>(1, std::min<int64_t>(tiles, cap));
+}
+}  // namespace
+
+namespace {
 bool mcast_wanted(const GroupedGemmParams& p) {
   static const bool env = [] {
     const char* v = std::getenv("FP8MOE_GROUPED_MCAST");
     return v && v[0] == '1';
   }();
   return p.mcast < 0 ? env : p.mcast > 0;
+}
+bool swap_meta_wanted(const GroupedGemmParams& p) {
+  static const bool env = [] {
+    const char* v = std::getenv("FP8MOE_GROUPED_SWAP_META");
+    return v && v[0] == '1';
+  }();
+  return p.swap_meta < 0 ? env : p.swap_meta > 0;
 }
 }  // namespace
 
@@ -66,14 +81,21 @@ void launch_swap(const GroupedGemmParams& p, const uint8_t* a, const uint8_t* b,
   using C = SwapCfg<kTN>;
   static std::once_flag once;
   std::call_once(once, [] {
-    FP8MOE_CUDA_CHECK(cudaFuncSetAttribute(
-        grouped_gemm_swap_kernel<kTN>, cudaFuncAttributeMaxDynamicSharedMemorySize, C::kSmemBytes));
+    FP8MOE_CUDA_CHECK(cudaFuncSetAttribute(grouped_gemm_swap_kernel<kTN, false>,
+                                           cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                           C::kSmemBytes));
+    FP8MOE_CUDA_CHECK(cudaFuncSetAttribute(grouped_gemm_swap_kernel<kTN, true>,
+                                           cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                           C::kSmemBytes));
   });
   const CUtensorMap tm_a = make_tma_2d_u8(a, p.K, p.a_rows, kGBK, kTN);
   const CUtensorMap tm_b = make_tma_2d_u8(b, p.K, b_rows, kGBK, kGBN);
   const int64_t tiles = max_m_blocks * (p.N / kGBN);
-  const unsigned grid = static_cast<unsigned>(std::min<int64_t>(tiles, sm_count()));
-  grouped_gemm_swap_kernel<kTN><<<grid, kGThreads, C::kSmemBytes, stream>>>(p, tm_a, tm_b);
+  const unsigned grid = static_cast<unsigned>(grid_ctas(p, tiles));
+  if (swap_meta_wanted(p))
+    grouped_gemm_swap_kernel<kTN, true><<<grid, kGThreads, C::kSmemBytes, stream>>>(p, tm_a, tm_b);
+  else
+    grouped_gemm_swap_kernel<kTN, false><<<grid, kGThreads, C::kSmemBytes, stream>>>(p, tm_a, tm_b);
   FP8MOE_CUDA_CHECK_LAUNCH();
 }
 }  // namespace
@@ -114,7 +136,7 @@ void launch_grouped_gemm(const GroupedGemmParams& p, const uint8_t* a, const uin
     const CUtensorMap tm_a = make_tma_2d_u8(a, p.K, p.a_rows, kGBK, kGBM);
     const CUtensorMap tm_b = make_tma_2d_u8(b, p.K, b_rows, kGBK, kGBN);
     const int64_t tiles = max_m_blocks * (p.N / kG2BN);
-    const unsigned grid = static_cast<unsigned>(std::min<int64_t>(tiles, sm_count()));
+    const unsigned grid = static_cast<unsigned>(grid_ctas(p, tiles));
     grouped_gemm_n256_kernel<1><<<grid, kGThreads, kG2SmemBytes, stream>>>(p, tm_a, tm_b);
     FP8MOE_CUDA_CHECK_LAUNCH();
     return;
@@ -123,7 +145,7 @@ void launch_grouped_gemm(const GroupedGemmParams& p, const uint8_t* a, const uin
     const CUtensorMap tm_a = make_tma_2d_u8(a, p.K, p.a_rows, kGBK, kGBM);
     const CUtensorMap tm_b = make_tma_2d_u8(b, p.K, b_rows, kGBK, kGBN);  // one 128-row half
     const int64_t tiles = max_m_blocks * (p.N / kG2BN);
-    const unsigned grid = static_cast<unsigned>(std::min<int64_t>(tiles, sm_count()));
+    const unsigned grid = static_cast<unsigned>(grid_ctas(p, tiles));
     grouped_gemm_n256_kernel<0><<<grid, kGThreads, kG2SmemBytes, stream>>>(p, tm_a, tm_b);
     FP8MOE_CUDA_CHECK_LAUNCH();
     return;
@@ -137,12 +159,12 @@ void launch_grouped_gemm(const GroupedGemmParams& p, const uint8_t* a, const uin
   const CUtensorMap tm_b = make_tma_2d_u8(b, p.K, b_rows, kGBK, kGBN);
   const int64_t tiles = max_m_blocks * (p.N / kGBN);
   if (mc == 1) {
-    const unsigned grid = static_cast<unsigned>(std::min<int64_t>(tiles, sm_count()));
+    const unsigned grid = static_cast<unsigned>(grid_ctas(p, tiles));
     grouped_gemm_kernel<1><<<grid, kGThreads, kGSmemBytes, stream>>>(p, tm_a, tm_b);
     FP8MOE_CUDA_CHECK_LAUNCH();
     return;
   }
-  const int64_t clusters = std::max<int64_t>(1, std::min<int64_t>(tiles / 2, sm_count() / 2));
+  const int64_t clusters = std::max<int64_t>(1, grid_ctas(p, tiles) / 2);
   cudaLaunchConfig_t cfg{};
   cfg.gridDim = dim3(static_cast<unsigned>(clusters * 2));
   cfg.blockDim = dim3(kGThreads);
