@@ -8,6 +8,8 @@
 #include <cuda_runtime.h>
 
 #include <cstdint>
+#include <cstdlib>
+#include <utility>
 
 #include "cuda_check.hpp"
 #include "moe_params.hpp"
@@ -108,6 +110,45 @@ __device__ __forceinline__ void mma_e4m3_16832(float (&d)[4], const uint32_t (&a
       "{%8,%9}, {%0,%1,%2,%3};\n"
       : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+}
+
+// ---- programmatic dependent launch -------------------------------------------------------------
+// A kernel launched with programmatic stream serialization may start while the previous kernel of
+// the stream is still running: it must call pdl_wait() before it reads anything an earlier kernel
+// wrote (it returns once the previous grid has completed and its memory is visible; without the
+// launch attribute it returns at once). pdl_trigger() lets the next kernel launch early. Every
+// kernel the chain launchers below start calls both at its top.
+__device__ __forceinline__ void pdl_wait() { asm volatile("griddepcontrol.wait;\n" ::: "memory"); }
+__device__ __forceinline__ void pdl_trigger() {
+  asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
+}
+
+// FP8MOE_CUDA_PDL=1: the routing, alignment, quantisation, activation, top-k sum and grouped GEMM
+// kernels are launched with programmatic dependent launch (off by default until measured).
+inline bool chain_pdl() {
+  static const bool on = [] {
+    const char* v = std::getenv("FP8MOE_CUDA_PDL");
+    return v && v[0] == '1' && v[1] == '\0';
+  }();
+  return on;
+}
+
+// Launches `kernel` like kernel<<<grid, block, smem, stream>>>(args...), with programmatic stream
+// serialization when chain_pdl().
+template <typename... KArgs, typename... Args>
+void launch_chain(void (*kernel)(KArgs...), dim3 grid, dim3 block, size_t smem, cudaStream_t stream,
+                  Args&&... args) {
+  cudaLaunchConfig_t cfg{};
+  cfg.gridDim = grid;
+  cfg.blockDim = block;
+  cfg.dynamicSmemBytes = smem;
+  cfg.stream = stream;
+  cudaLaunchAttribute attr[1];
+  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attr[0].val.programmaticStreamSerializationAllowed = 1;
+  cfg.attrs = attr;
+  cfg.numAttrs = chain_pdl() ? 1 : 0;
+  FP8MOE_CUDA_CHECK(cudaLaunchKernelEx(&cfg, kernel, std::forward<Args>(args)...));
 }
 
 // ---- mbarrier / TMA (sm_90) --------------------------------------------------------------------

@@ -77,12 +77,6 @@ struct StreamParams {
   void* out;       // (M, H)
 };
 
-// ---- programmatic dependent launch -------------------------------------------------------------
-__device__ __forceinline__ void pdl_wait() { asm volatile("griddepcontrol.wait;\n" ::: "memory"); }
-__device__ __forceinline__ void pdl_trigger() {
-  asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
-}
-
 // ---- loads -------------------------------------------------------------------------------------
 // Weights: read once, keep them out of L1, let L2 fetch 256 bytes.
 __device__ __forceinline__ uint4 ld_stream16(const void* p) {

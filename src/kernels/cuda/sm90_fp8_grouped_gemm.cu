@@ -93,9 +93,11 @@ void launch_swap(const GroupedGemmParams& p, const uint8_t* a, const uint8_t* b,
   const int64_t tiles = max_m_blocks * (p.N / kGBN);
   const unsigned grid = static_cast<unsigned>(grid_ctas(p, tiles));
   if (swap_meta_wanted(p))
-    grouped_gemm_swap_kernel<kTN, true><<<grid, kGThreads, C::kSmemBytes, stream>>>(p, tm_a, tm_b);
+    launch_chain(grouped_gemm_swap_kernel<kTN, true>, dim3(grid), dim3(kGThreads), C::kSmemBytes,
+                 stream, p, tm_a, tm_b);
   else
-    grouped_gemm_swap_kernel<kTN, false><<<grid, kGThreads, C::kSmemBytes, stream>>>(p, tm_a, tm_b);
+    launch_chain(grouped_gemm_swap_kernel<kTN, false>, dim3(grid), dim3(kGThreads), C::kSmemBytes,
+                 stream, p, tm_a, tm_b);
   FP8MOE_CUDA_CHECK_LAUNCH();
 }
 }  // namespace
@@ -137,7 +139,8 @@ void launch_grouped_gemm(const GroupedGemmParams& p, const uint8_t* a, const uin
     const CUtensorMap tm_b = make_tma_2d_u8(b, p.K, b_rows, kGBK, kGBN);
     const int64_t tiles = max_m_blocks * (p.N / kG2BN);
     const unsigned grid = static_cast<unsigned>(grid_ctas(p, tiles));
-    grouped_gemm_n256_kernel<1><<<grid, kGThreads, kG2SmemBytes, stream>>>(p, tm_a, tm_b);
+    launch_chain(grouped_gemm_n256_kernel<1>, dim3(grid), dim3(kGThreads), kG2SmemBytes, stream, p,
+                 tm_a, tm_b);
     FP8MOE_CUDA_CHECK_LAUNCH();
     return;
   }
@@ -146,7 +149,8 @@ void launch_grouped_gemm(const GroupedGemmParams& p, const uint8_t* a, const uin
     const CUtensorMap tm_b = make_tma_2d_u8(b, p.K, b_rows, kGBK, kGBN);  // one 128-row half
     const int64_t tiles = max_m_blocks * (p.N / kG2BN);
     const unsigned grid = static_cast<unsigned>(grid_ctas(p, tiles));
-    grouped_gemm_n256_kernel<0><<<grid, kGThreads, kG2SmemBytes, stream>>>(p, tm_a, tm_b);
+    launch_chain(grouped_gemm_n256_kernel<0>, dim3(grid), dim3(kGThreads), kG2SmemBytes, stream, p,
+                 tm_a, tm_b);
     FP8MOE_CUDA_CHECK_LAUNCH();
     return;
   }
@@ -160,7 +164,8 @@ void launch_grouped_gemm(const GroupedGemmParams& p, const uint8_t* a, const uin
   const int64_t tiles = max_m_blocks * (p.N / kGBN);
   if (mc == 1) {
     const unsigned grid = static_cast<unsigned>(grid_ctas(p, tiles));
-    grouped_gemm_kernel<1><<<grid, kGThreads, kGSmemBytes, stream>>>(p, tm_a, tm_b);
+    launch_chain(grouped_gemm_kernel<1>, dim3(grid), dim3(kGThreads), kGSmemBytes, stream, p, tm_a,
+                 tm_b);
     FP8MOE_CUDA_CHECK_LAUNCH();
     return;
   }
@@ -170,13 +175,15 @@ void launch_grouped_gemm(const GroupedGemmParams& p, const uint8_t* a, const uin
   cfg.blockDim = dim3(kGThreads);
   cfg.dynamicSmemBytes = kGSmemBytes;
   cfg.stream = stream;
-  cudaLaunchAttribute attr[1];
+  cudaLaunchAttribute attr[2];
   attr[0].id = cudaLaunchAttributeClusterDimension;
   attr[0].val.clusterDim.x = 2;
   attr[0].val.clusterDim.y = 1;
   attr[0].val.clusterDim.z = 1;
+  attr[1].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attr[1].val.programmaticStreamSerializationAllowed = 1;
   cfg.attrs = attr;
-  cfg.numAttrs = 1;
+  cfg.numAttrs = chain_pdl() ? 2 : 1;
   FP8MOE_CUDA_CHECK(cudaLaunchKernelEx(&cfg, grouped_gemm_kernel<2>, p, tm_a, tm_b));
 }
 
@@ -185,7 +192,7 @@ void launch_masked_rows(const int32_t* counts, int E, int max_m, int32_t* ids, i
   const int64_t n = int64_t(E) * max_m;
   const unsigned blocks =
       static_cast<unsigned>(std::max<int64_t>(1, std::min<int64_t>(ceil_div(n, 256), 4096)));
-  masked_rows_kernel<<<blocks, 256, 0, stream>>>(counts, E, max_m, ids, meta);
+  launch_chain(masked_rows_kernel, dim3(blocks), dim3(256), 0, stream, counts, E, max_m, ids, meta);
   FP8MOE_CUDA_CHECK_LAUNCH();
 }
 

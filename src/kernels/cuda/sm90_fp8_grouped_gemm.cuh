@@ -254,6 +254,8 @@ __global__ void __launch_bounds__(kGThreads, 1)
     grouped_gemm_kernel(const __grid_constant__ GroupedGemmParams p,
                         const __grid_constant__ CUtensorMap tm_a,
                         const __grid_constant__ CUtensorMap tm_b) {
+  pdl_wait();  // the previous kernel of the chain is done (see launch_chain)
+  pdl_trigger();
   extern __shared__ uint8_t gg_smem_raw[];
   uint8_t* smem = reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(gg_smem_raw) + 1023) &
                                              ~uintptr_t(1023));
@@ -550,6 +552,8 @@ __global__ void __launch_bounds__(kGThreads, 1)
     grouped_gemm_n256_kernel(const __grid_constant__ GroupedGemmParams p,
                              const __grid_constant__ CUtensorMap tm_a,
                              const __grid_constant__ CUtensorMap tm_b) {
+  pdl_wait();  // the previous kernel of the chain is done (see launch_chain)
+  pdl_trigger();
   extern __shared__ uint8_t gg_smem_raw[];
   uint8_t* smem = reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(gg_smem_raw) + 1023) &
                                              ~uintptr_t(1023));
@@ -796,6 +800,8 @@ __global__ void __launch_bounds__(kGThreads, 1)
     grouped_gemm_swap_kernel(const __grid_constant__ GroupedGemmParams p,
                              const __grid_constant__ CUtensorMap tm_a,
                              const __grid_constant__ CUtensorMap tm_b) {
+  pdl_wait();  // the previous kernel of the chain is done (see launch_chain)
+  pdl_trigger();
   using C = SwapCfg<kTN>;
   constexpr int kAcc = kTN / 2;
   constexpr int kSlots = kMeta ? C::kTileSlots : 1;
@@ -1039,6 +1045,8 @@ __global__ void __launch_bounds__(kGThreads, 1)
 __global__ void __launch_bounds__(256)
     masked_rows_kernel(const int32_t* __restrict__ counts, int E, int max_m,
                        int32_t* __restrict__ ids, int32_t* __restrict__ meta) {
+  pdl_wait();  // the previous kernel of the chain is done (see launch_chain)
+  pdl_trigger();
   const int64_t n = int64_t(E) * max_m;
   for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n;
        i += int64_t(gridDim.x) * blockDim.x) {
