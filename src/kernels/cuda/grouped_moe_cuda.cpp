@@ -57,6 +57,16 @@ bool fuse_act_wanted(int64_t bm) {
   return env && bm == 128;
 }
 
+// FP8MOE_GROUPED_QSCATTER=1: x is quantised once per token and written to its pairs' sorted rows
+// (launch_quant_scatter) instead of once per padded sorted row (opt-in until run on the card).
+bool qscatter_wanted() {
+  static const bool env = [] {
+    const char* v = std::getenv("FP8MOE_GROUPED_QSCATTER");
+    return v && v[0] == '1';
+  }();
+  return env;
+}
+
 // GEMM1's fused epilogue: the same activation and quantisation as launch_activation + launch_quant
 // with group_quant(p, true, .) would apply (h kept f32 for the fused SiLU+quant semantics).
 void set_fused_act(GroupedGemmParams& g, const MoeProblem& p, uint8_t* qh, float* sh) {
@@ -150,10 +160,13 @@ void run_contiguous_chunk(const MoeProblem& p, const void* x, void* out, const v
     tw = rw;
   }
   // permute: per-expert chunks aligned to 128 rows
+  const bool qscatter = qscatter_wanted() && p.gk == 128;
   const AlignOut al{reinterpret_cast<int32_t*>(ws + L.sorted),
-                    reinterpret_cast<int32_t*>(ws + L.blk), reinterpret_cast<int32_t*>(ws + L.meta),
+                    reinterpret_cast<int32_t*>(ws + L.blk),
+                    reinterpret_cast<int32_t*>(ws + L.meta),
                     reinterpret_cast<int32_t*>(ws + L.cnt),
-                    reinterpret_cast<int32_t*>(ws + L.eoff)};
+                    reinterpret_cast<int32_t*>(ws + L.eoff),
+                    qscatter ? reinterpret_cast<int32_t*>(ws + L.ppos) : nullptr};
   launch_align(ids, pairs, p.expert_map, static_cast<int>(p.E_global), static_cast<int>(p.E),
                static_cast<int>(bm), static_cast<int>(L.capacity), 0, al, st);
   unsigned* amax = reinterpret_cast<unsigned*>(ws + L.amax);
@@ -161,12 +174,18 @@ void run_contiguous_chunk(const MoeProblem& p, const void* x, void* out, const v
   uint8_t* qx = ws + L.qxs;
   float* sx = reinterpret_cast<float*>(ws + L.sxs);
   {
-    const RowSet rows{al.sorted_ids, al.meta, static_cast<int32_t>(L.capacity), pairs,
-                      static_cast<int32_t>(p.topk)};
     RowScale rs;
     if (p.router_on_input) rs.w = tw;
-    launch_quant(group_quant(p, false, amax), x, false, p.H, rows, rs, static_cast<int>(p.H),
-                 QuantOut{qx, p.H, sx, p.H / 128}, st);
+    if (qscatter) {
+      launch_quant_scatter(group_quant(p, false, amax), x, false, p.H, static_cast<int>(m),
+                           static_cast<int>(p.topk), al.pair_pos, rs, static_cast<int>(p.H),
+                           QuantOut{qx, p.H, sx, p.H / 128}, st);
+    } else {
+      const RowSet rows{al.sorted_ids, al.meta, static_cast<int32_t>(L.capacity), pairs,
+                        static_cast<int32_t>(p.topk)};
+      launch_quant(group_quant(p, false, amax), x, false, p.H, rows, rs, static_cast<int>(p.H),
+                   QuantOut{qx, p.H, sx, p.H / 128}, st);
+    }
   }
   const int64_t max_mblk = L.capacity / bm;
   void* y1 = ws + L.y1;

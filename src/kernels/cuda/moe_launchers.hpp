@@ -21,6 +21,11 @@ void launch_batched_rows(const int32_t* counts, int E_local, int T, int T_pad, i
 void launch_quant(const QuantSpec& spec, const void* src, bool src_f32, int64_t src_stride,
                   const RowSet& rows, const RowScale& rs, int cols, const QuantOut& out,
                   cudaStream_t stream);
+// Dynamic 1 x gk group quantisation of the M token rows of src into the sorted layout: token t's
+// q and scales go to the rows pair_pos[t * topk + k] (>= 0) of out (AlignOut::pair_pos).
+void launch_quant_scatter(const QuantSpec& spec, const void* src, bool src_f32, int64_t src_stride,
+                          int M, int topk, const int32_t* pair_pos, const RowScale& rs, int cols,
+                          const QuantOut& out, cudaStream_t stream);
 
 void launch_activation(const void* y1, bool y1_f32, int64_t y1_stride, const RowSet& rows, int I,
                        const ActParams& ap, void* h, bool h_f32, int64_t h_stride,

@@ -180,6 +180,8 @@ struct AlignOut {
   int32_t* meta = nullptr;  // [0] = padded rows
   int32_t* expert_count = nullptr;
   int32_t* expert_off = nullptr;
+  // optional (sorted layout only): pair i -> its sorted position, -1 for a dropped slot
+  int32_t* pair_pos = nullptr;
 };
 
 struct QuantOut {

@@ -434,6 +434,7 @@ Workspace workspace_layout(const MoeProblem& p, int64_t m, int64_t bm, bool batc
   w.sh = take(std::max<int64_t>(1, w.capacity * p.a_scale_cols(p.I, p.aq2)) * 4);
   w.y2 = take(pairs * p.H * act_bytes);
   w.amax = take(16);
+  w.ppos = take(pairs * 4);
   if (sorted_x) {
     w.qxs = take(w.capacity * p.H);
     w.sxs = take(std::max<int64_t>(1, w.capacity * p.a_scale_cols(p.H, p.aq1)) * 4);

@@ -67,6 +67,24 @@ void launch_quant(const QuantSpec& spec, const void* src, bool src_f32, int64_t 
   }
 }
 
+void launch_quant_scatter(const QuantSpec& spec, const void* src, bool src_f32, int64_t src_stride,
+                          int M, int topk, const int32_t* pair_pos, const RowScale& rs, int cols,
+                          const QuantOut& out, cudaStream_t stream) {
+  if (M == 0 || cols == 0) return;
+  if (spec.kind != AQuant::kGroupDynamic || spec.gk != 128)
+    throw NotImplementedError("cuda: the scattering quantisation runs 1 x 128 dynamic groups only");
+  const unsigned blocks = static_cast<unsigned>(ceil_div(int64_t(M) * (cols / 8), 256));
+  if (src_f32)
+    launch_chain(quant_group_scatter_kernel<float, 128>, dim3(blocks), dim3(256), 0, stream,
+                 static_cast<const float*>(src), src_stride, M, topk, pair_pos, rs, cols, out.q,
+                 out.q_stride, out.s, out.s_stride, spec.ue8m0 ? 1 : 0, spec.min_scale);
+  else
+    launch_chain(quant_group_scatter_kernel<uint16_t, 128>, dim3(blocks), dim3(256), 0, stream,
+                 static_cast<const uint16_t*>(src), src_stride, M, topk, pair_pos, rs, cols, out.q,
+                 out.q_stride, out.s, out.s_stride, spec.ue8m0 ? 1 : 0, spec.min_scale);
+  FP8MOE_CUDA_CHECK_LAUNCH();
+}
+
 void launch_activation(const void* y1, bool y1_f32, int64_t y1_stride, const RowSet& rows, int I,
                        const ActParams& ap, void* h, bool h_f32, int64_t h_stride,
                        cudaStream_t stream) {

@@ -109,6 +109,47 @@ __global__ void __launch_bounds__(256)
   if ((c8 % kTpg) == 0) s_out[int64_t(row) * s_stride + c8 / kTpg] = s;
 }
 
+// The same quantisation of token rows straight into the sorted layout: token t's groups are
+// quantised once and written to the sorted position of each of its topk pairs (pair_pos from the
+// alignment; -1: the slot is dropped). Bitwise what quant_group_kernel writes for the valid sorted
+// rows with gather_div = topk (same source row, same operations); padding rows are not written by
+// either. One thread per 8 columns of the M token rows instead of the whole padded capacity.
+template <typename T, int kGroup>
+__global__ void __launch_bounds__(256)
+    quant_group_scatter_kernel(const T* __restrict__ src, int64_t src_stride, int M, int topk,
+                               const int32_t* __restrict__ pair_pos, RowScale rs, int cols,
+                               uint8_t* __restrict__ q, int64_t q_stride, float* __restrict__ s_out,
+                               int64_t s_stride, int ue8m0, float min_scale) {
+  pdl_wait();
+  pdl_trigger();
+  constexpr int kTpg = kGroup / 8;
+  const int c8_per_row = cols / 8;
+  const int64_t idx = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  const int t = static_cast<int>(idx / c8_per_row);
+  const int c8 = static_cast<int>(idx % c8_per_row);
+  const bool ok = t < M;  // uniform per group (cols is a multiple of the group)
+  float v[8];
+  float amax = 0.0f;
+  if (ok) {
+    load8<T>(src + int64_t(t) * src_stride + c8 * 8, v);
+#pragma unroll
+    for (int i = 0; i < 8; ++i) {
+      v[i] = row_scale_apply(rs, v[i], t, sizeof(T) == 2);
+      amax = fmaxf(amax, fabsf(v[i]));
+    }
+  }
+  amax = group_max<kTpg>(amax);
+  if (!ok) return;
+  const float s = group_scale(amax, ue8m0 != 0, min_scale);
+  const uint2 qv = quant8(v, s);
+  for (int k = 0; k < topk; ++k) {
+    const int pos = pair_pos[int64_t(t) * topk + k];
+    if (pos < 0) continue;
+    *reinterpret_cast<uint2*>(q + int64_t(pos) * q_stride + c8 * 8) = qv;
+    if ((c8 % kTpg) == 0) s_out[int64_t(pos) * s_stride + c8 / kTpg] = s;
+  }
+}
+
 // Per-token dynamic quantisation: one block per row.
 template <typename T>
 __global__ void __launch_bounds__(256)

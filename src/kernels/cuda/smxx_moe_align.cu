@@ -10,7 +10,7 @@ void launch_align(const int32_t* topk_ids, int num_valid, const int32_t* expert_
   const int smem = (3 * E_local + 1) * static_cast<int>(sizeof(int32_t));
   launch_chain(moe_align_kernel, dim3(1), dim3(kAlignThreads), smem, stream, topk_ids, num_valid,
                expert_map, E_global, E_local, bm, capacity, fixed_stride, out.sorted_ids,
-               out.expert_blk, out.meta, out.expert_count, out.expert_off);
+               out.expert_blk, out.meta, out.expert_count, out.expert_off, out.pair_pos);
   FP8MOE_CUDA_CHECK_LAUNCH();
 }
 

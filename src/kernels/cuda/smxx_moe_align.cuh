@@ -10,6 +10,7 @@
 //   meta[0]                           i32  number of padded rows (num_tokens_post_padded)
 //   expert_count (E_local)            i32  pairs per local expert
 //   expert_off   (E_local + 1)        i32  first padded row of each expert
+//   pair_pos     (num_valid)          i32  optional: sorted position of pair i, -1 if dropped
 //
 // With fixed_stride > 0 the layout is the batched one of BatchedTritonExperts instead: expert e
 // owns rows [e * fixed_stride, (e + 1) * fixed_stride), filled from the front; tiles past an
@@ -36,7 +37,8 @@ static __global__ void __launch_bounds__(kAlignThreads)
                      const int32_t* __restrict__ expert_map, int E_global, int E_local, int bm,
                      int capacity, int fixed_stride, int32_t* __restrict__ sorted_ids,
                      int32_t* __restrict__ expert_blk, int32_t* __restrict__ meta,
-                     int32_t* __restrict__ expert_count, int32_t* __restrict__ expert_off) {
+                     int32_t* __restrict__ expert_count, int32_t* __restrict__ expert_off,
+                     int32_t* __restrict__ pair_pos) {
   pdl_wait();  // the previous kernel of the chain is done (see launch_chain)
   pdl_trigger();
   extern __shared__ int32_t align_smem[];
@@ -111,7 +113,12 @@ static __global__ void __launch_bounds__(kAlignThreads)
   __syncthreads();
   for (int i = tid; i < num_valid; i += blockDim.x) {
     const int e = local_expert(topk_ids[i], expert_map, E_global, E_local);
-    if (e >= 0) sorted_ids[off[e] + atomicAdd(&cur[e], 1)] = i;
+    int pos = -1;
+    if (e >= 0) {
+      pos = off[e] + atomicAdd(&cur[e], 1);
+      sorted_ids[pos] = i;
+    }
+    if (pair_pos) pair_pos[i] = pos;
   }
 }
 
