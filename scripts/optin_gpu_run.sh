@@ -8,7 +8,7 @@
 #
 #   [OPTIN_VARIANTS="FP8MOE_CUDA_PDL=1 FP8MOE_GROUPED_SWAP_META=1 ..."] [OPTIN_TEST_VARIANTS=...]
 #   [OPTIN_TESTS=REGEX] [SAN_FILTER=GTEST_FILTER] [OPTIN_SAN=GTEST_FILTER]
-#   scripts/optin_gpu_run.sh [BENCH ARGS, default "--m 1,8,32,64"]
+#   scripts/optin_gpu_run.sh [BENCH ARGS, default "--m 1,8,32"]
 set -uo pipefail
 cd "$(dirname "$0")/.." || exit 1
 FINAL=${OUT:-$PWD/gpu_out}
@@ -17,9 +17,9 @@ ALL=FP8MOE_CUDA_PDL=1,FP8MOE_GROUPED_SWAP_META=1,FP8MOE_GROUPED_QSCATTER=1
 VARIANTS=${OPTIN_VARIANTS:-"FP8MOE_CUDA_PDL=1 FP8MOE_GROUPED_SWAP_META=1 FP8MOE_GROUPED_QSCATTER=1 $ALL"}
 TEST_VARIANTS=${OPTIN_TEST_VARIANTS:-$ALL}
 TESTS_RE=${OPTIN_TESTS:-"Cuda|Grouped|EpLayer"}
-SAN=${SAN_FILTER:-'TileM/CudaGroupedGemm.*meta*:CudaRouting.*'}
-OSAN=${OPTIN_SAN:-'Cases/CudaGroupedExact.*:CudaRouting.*'}
-BENCH_ARGS=${*:-"--m 1,8,32,64"}
+SAN=${SAN_FILTER:-'TileM/CudaGroupedGemm.*/tile_m16_meta:TileM/CudaGroupedGemm.*/tile_m64_meta:CudaRouting.*'}
+OSAN=${OPTIN_SAN:-'Cases/CudaGroupedExact.*/M33:Cases/CudaGroupedExact.*/ep4_rank1:Cases/CudaGroupedExact.*/router_weight_on_input'}
+BENCH_ARGS=${*:-"--m 1,8,32"}
 S=$FINAL/summary.txt
 
 OUT=$FINAL bash scripts/gpu_session.sh --no-bench --tests-filter "$TESTS_RE" --san-filter "$SAN" \
