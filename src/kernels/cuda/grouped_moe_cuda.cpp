@@ -67,6 +67,16 @@ bool qscatter_wanted() {
   return env;
 }
 
+// FP8MOE_GROUPED_ACTQ=1: the activation and the quantisation of h in one kernel
+// (launch_act_quant; h is never written) instead of two (opt-in until run on the card).
+bool actq_wanted() {
+  static const bool env = [] {
+    const char* v = std::getenv("FP8MOE_GROUPED_ACTQ");
+    return v && v[0] == '1';
+  }();
+  return env;
+}
+
 // GEMM1's fused epilogue: the same activation and quantisation as launch_activation + launch_quant
 // with group_quant(p, true, .) would apply (h kept f32 for the fused SiLU+quant semantics).
 void set_fused_act(GroupedGemmParams& g, const MoeProblem& p, uint8_t* qh, float* sh) {
@@ -208,9 +218,14 @@ void run_contiguous_chunk(const MoeProblem& p, const void* x, void* out, const v
     const bool h_f32 = p.fused_silu_quant;
     void* h = ws + L.h;
     const RowSet srows{al.sorted_ids, al.meta, static_cast<int32_t>(L.capacity), pairs};
-    launch_activation(y1, false, p.N1, srows, static_cast<int>(p.I), p.ap, h, h_f32, p.I, st);
-    launch_quant(group_quant(p, true, amax), h, h_f32, p.I, srows, RowScale{},
-                 static_cast<int>(p.I), QuantOut{qh, p.I, sh, p.I / 128}, st);
+    if (actq_wanted()) {
+      launch_act_quant(static_cast<const uint16_t*>(y1), p.N1, srows, static_cast<int>(p.I), p.ap,
+                       h_f32, group_quant(p, true, amax), QuantOut{qh, p.I, sh, p.I / 128}, st);
+    } else {
+      launch_activation(y1, false, p.N1, srows, static_cast<int>(p.I), p.ap, h, h_f32, p.I, st);
+      launch_quant(group_quant(p, true, amax), h, h_f32, p.I, srows, RowScale{},
+                   static_cast<int>(p.I), QuantOut{qh, p.I, sh, p.I / 128}, st);
+    }
   }
   void* y2 = ws + L.y2;
   {
@@ -372,9 +387,14 @@ void run_masked(const FusedMoeArgs& args, void* workspace) {
   if (!fuse) {
     const bool h_f32 = p.fused_silu_quant;
     void* h = ws + L.h;
-    launch_activation(y1, false, p.N1, vrows, static_cast<int>(p.I), p.ap, h, h_f32, p.I, st);
-    launch_quant(group_quant(p, true, amax), h, h_f32, p.I, vrows, RowScale{},
-                 static_cast<int>(p.I), QuantOut{qh, p.I, sh, p.I / 128}, st);
+    if (actq_wanted()) {
+      launch_act_quant(static_cast<const uint16_t*>(y1), p.N1, vrows, static_cast<int>(p.I), p.ap,
+                       h_f32, group_quant(p, true, amax), QuantOut{qh, p.I, sh, p.I / 128}, st);
+    } else {
+      launch_activation(y1, false, p.N1, vrows, static_cast<int>(p.I), p.ap, h, h_f32, p.I, st);
+      launch_quant(group_quant(p, true, amax), h, h_f32, p.I, vrows, RowScale{},
+                   static_cast<int>(p.I), QuantOut{qh, p.I, sh, p.I / 128}, st);
+    }
   }
   {
     GroupedGemmParams g = gemm_params(p.w2, p.H, p.I, rows, sh);

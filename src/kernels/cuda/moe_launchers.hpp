@@ -30,6 +30,11 @@ void launch_quant_scatter(const QuantSpec& spec, const void* src, bool src_f32, 
 void launch_activation(const void* y1, bool y1_f32, int64_t y1_stride, const RowSet& rows, int I,
                        const ActParams& ap, void* h, bool h_f32, int64_t h_stride,
                        cudaStream_t stream);
+// launch_activation (bf16 y1, gated with gate | up halves; h bf16, or f32 when h_f32) followed by
+// launch_quant of h with `spec` (dynamic 1 x 128 groups), in one kernel that never writes h.
+void launch_act_quant(const uint16_t* y1, int64_t y1_stride, const RowSet& rows, int I,
+                      const ActParams& ap, bool h_f32, const QuantSpec& spec, const QuantOut& out,
+                      cudaStream_t stream);
 
 // Tile size along K of the generic GEMM for a scheme (min(128, bk, gk) for block schemes).
 int gemm_mma_bk(const GemmArgs& a);

@@ -85,6 +85,28 @@ void launch_quant_scatter(const QuantSpec& spec, const void* src, bool src_f32, 
   FP8MOE_CUDA_CHECK_LAUNCH();
 }
 
+void launch_act_quant(const uint16_t* y1, int64_t y1_stride, const RowSet& rows, int I,
+                      const ActParams& ap, bool h_f32, const QuantSpec& spec, const QuantOut& out,
+                      cudaStream_t stream) {
+  if (rows.num_rows == 0 || I == 0) return;
+  const Act act = static_cast<Act>(ap.act);
+  if (spec.kind != AQuant::kGroupDynamic || spec.gk != 128 || I % 128 != 0 || !act_is_gated(act) ||
+      act == Act::kSwigluOai)
+    throw NotImplementedError(
+        "cuda: the fused activation + quantisation takes gated activations with gate | up halves "
+        "and 1 x 128 dynamic groups only");
+  const unsigned blocks = static_cast<unsigned>(ceil_div(int64_t(rows.num_rows) * (I / 8), 256));
+  if (h_f32)
+    launch_chain(act_quant_group_kernel<true>, dim3(blocks), dim3(256), 0, stream, y1, y1_stride,
+                 rows, I, ap, out.q, out.q_stride, out.s, out.s_stride, spec.ue8m0 ? 1 : 0,
+                 spec.min_scale);
+  else
+    launch_chain(act_quant_group_kernel<false>, dim3(blocks), dim3(256), 0, stream, y1, y1_stride,
+                 rows, I, ap, out.q, out.q_stride, out.s, out.s_stride, spec.ue8m0 ? 1 : 0,
+                 spec.min_scale);
+  FP8MOE_CUDA_CHECK_LAUNCH();
+}
+
 void launch_activation(const void* y1, bool y1_f32, int64_t y1_stride, const RowSet& rows, int I,
                        const ActParams& ap, void* h, bool h_f32, int64_t h_stride,
                        cudaStream_t stream) {

@@ -333,4 +333,43 @@ __global__ void __launch_bounds__(256)
   }
 }
 
+// Gated activation and the dynamic 1 x 128 quantisation of h in one kernel: y1 (rows, 2 I) bf16
+// with gate | up halves -> q (rows, I) and scales (rows, I / 128), for the valid rows of `rows`.
+// The same values as activation_kernel (h rounded to bf16, or kept f32 when kHF32: the fused
+// SiLU+quant semantics) followed by quant_group_kernel on h, without writing h: one thread per 8
+// columns of h, 16 threads per group.
+template <bool kHF32>
+__global__ void __launch_bounds__(256)
+    act_quant_group_kernel(const uint16_t* __restrict__ y1, int64_t y1_stride, RowSet rows, int I,
+                           ActParams ap, uint8_t* __restrict__ q, int64_t q_stride,
+                           float* __restrict__ s_out, int64_t s_stride, int ue8m0,
+                           float min_scale) {
+  pdl_wait();  // the previous kernel of the chain is done (see launch_chain)
+  pdl_trigger();
+  constexpr int kTpg = 128 / 8;
+  const int c8_per_row = I / 8;
+  const int64_t idx = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  const int row = static_cast<int>(idx / c8_per_row);
+  const int c8 = static_cast<int>(idx % c8_per_row);
+  const bool ok = row < rows.num_rows && row_valid(rows, row);  // uniform per group
+  float v[8];
+  float amax = 0.0f;
+  if (ok) {
+    float g[8], u[8];
+    load8<uint16_t>(y1 + int64_t(row) * y1_stride + c8 * 8, g);
+    load8<uint16_t>(y1 + int64_t(row) * y1_stride + I + c8 * 8, u);
+#pragma unroll
+    for (int i = 0; i < 8; ++i) {
+      const float r = act_gated(ap, g[i], u[i]);
+      v[i] = kHF32 ? r : bf16_round(r);
+      amax = fmaxf(amax, fabsf(v[i]));
+    }
+  }
+  amax = group_max<kTpg>(amax);
+  if (!ok) return;
+  const float s = group_scale(amax, ue8m0 != 0, min_scale);
+  *reinterpret_cast<uint2*>(q + int64_t(row) * q_stride + c8 * 8) = quant8(v, s);
+  if ((c8 % kTpg) == 0) s_out[int64_t(row) * s_stride + c8 / kTpg] = s;
+}
+
 }  // namespace fp8moe::cuda
