@@ -71,9 +71,9 @@ Path path_override() {
 namespace {
 // The grouped path: the cuda_grouped implementation's own limits (B128 scheme, bf16, gated, H and
 // I multiples of 128) and its device (capability 9.0 with this binary's sm_90a code).
-std::string grouped_path_limit(const FusedMoeArgs& args) {
+std::string grouped_path_limit(const MoeProblem& p) {
   if (!grouped_impl().available()) return "the grouped GEMMs run on sm_90 (wgmma + TMA) only";
-  return grouped_limit(args);
+  return grouped_problem_limit(p);
 }
 // Measured on the H200 (docs/PERFORMANCE.md, run 8): the grouped path beats the stream path at
 // M >= 8 on every models.md shape it takes (equal to 2.45x) and the wgmma path at every M >= 128
@@ -95,7 +95,7 @@ std::string path_limit(Path p, const FusedMoeArgs& args) {
     case Path::kStream:
       return stream_path_limit(prob);
     case Path::kGrouped:
-      return grouped_path_limit(args);
+      return grouped_path_limit(prob);
   }
   return "unknown path";
 }
@@ -114,7 +114,7 @@ std::optional<TunedConfig> lookup(const MoeProblem& p) {
 
 // The path run() takes; with `why`, also the reason in words (formatted only then: run() calls
 // this on every forward).
-Path choose(const FusedMoeArgs& args, const MoeProblem& p, std::string* why = nullptr) {
+Path choose(const MoeProblem& p, std::string* why = nullptr) {
   const Path forced = path_override();
   if (forced != Path::kAuto) {
     if (why) *why = g_override.load() >= 0 ? "forced by the caller" : "FP8MOE_CUDA_PATH";
@@ -127,14 +127,14 @@ Path choose(const FusedMoeArgs& args, const MoeProblem& p, std::string* why = nu
                                             : Path::kGeneric;
     if (t == Path::kGeneric || (t == Path::kWgmma && wgmma_path_limit(p).empty()) ||
         (t == Path::kStream && stream_path_limit(p).empty()) ||
-        (t == Path::kGrouped && grouped_path_limit(args).empty())) {
+        (t == Path::kGrouped && grouped_path_limit(p).empty())) {
       if (why)
         *why = fmt::format("tuned table (FP8MOE_CUDA_TUNING): {} E={} N={} K={} M bucket {}",
                            device_name(), p.E, p.I, p.H, tuning_bucket(p.M));
       return t;
     }
   }
-  const std::string grouped_why = grouped_path_limit(args);
+  const std::string grouped_why = grouped_path_limit(p);
   if (grouped_path_preferred(p) && grouped_why.empty()) {
     if (why) *why = fmt::format("auto: M = {} >= 8 and the grouped GEMMs take it", p.M);
     return Path::kGrouped;
@@ -160,7 +160,7 @@ Path choose(const FusedMoeArgs& args, const MoeProblem& p, std::string* why = nu
 }
 }  // namespace
 
-Path choose_path(const FusedMoeArgs& args) { return choose(args, make_problem(args)); }
+Path choose_path(const FusedMoeArgs& args) { return choose(make_problem(args)); }
 
 // ---- generic path ------------------------------------------------------------------------------
 namespace {
@@ -534,8 +534,7 @@ std::size_t workspace_size(const FusedMoeArgs& args) {
   std::size_t n = generic_workspace(p, false);
   n = std::max(n, wgmma_workspace(p));
   n = std::max(n, stream_workspace(p));
-  if (p.M > 0 && grouped_path_limit(args).empty())
-    n = std::max(n, grouped_impl().workspace_size(args));
+  if (p.M > 0 && grouped_path_limit(p).empty()) n = std::max(n, grouped_problem_workspace(p));
   return n;
 }
 
@@ -544,7 +543,7 @@ void run(const FusedMoeArgs& args, void* workspace) {
   const MoeProblem p = make_problem(args);
   if (p.M == 0) return;
   if (!workspace) throw ValueError("cuda_fused: workspace is null (see workspace_size)");
-  const Path path = choose(args, p);
+  const Path path = choose(p);
   switch (path) {
     case Path::kWgmma: {
       const std::string why = wgmma_path_limit(p);
@@ -559,11 +558,11 @@ void run(const FusedMoeArgs& args, void* workspace) {
       return;
     }
     case Path::kGrouped: {
-      const std::string why = grouped_path_limit(args);
+      const std::string why = grouped_path_limit(p);
       if (!why.empty()) throw NotImplementedError("cuda_fused grouped path: " + why);
       if (g_gemm_only.load())
         throw NotImplementedError("cuda_fused grouped path: no GEMM-only benchmark mode");
-      grouped_impl().run(args, workspace);
+      run_grouped_problem(p, workspace);
       return;
     }
     default:
@@ -666,7 +665,7 @@ void set_bench_gemm_only(bool on) { g_gemm_only.store(on); }
 
 static std::string describe_call(const FusedMoeArgs& args) {
   std::string why;
-  const Path path = choose(args, make_problem(args), &why);
+  const Path path = choose(make_problem(args), &why);
   return fmt::format("{} path ({})", path_name(path), why);
 }
 

@@ -145,10 +145,7 @@ QuantSpec group_quant(const MoeProblem& p, bool second, unsigned* amax) {
 int64_t chunk_of(const MoeProblem& p) { return std::min<int64_t>(p.M, kGroupedChunk); }
 
 std::size_t contiguous_workspace(const FusedMoeArgs& args) {
-  const MoeProblem p = make_problem(args);
-  require(p, "cuda_grouped");
-  if (p.M == 0) return 0;
-  return workspace_layout(p, chunk_of(p), kBM, false, true).total;
+  return grouped_problem_workspace(make_problem(args));
 }
 
 void run_contiguous_chunk(const MoeProblem& p, const void* x, void* out, const void* logits,
@@ -249,7 +246,20 @@ void run_contiguous_chunk(const MoeProblem& p, const void* x, void* out, const v
 
 void run_contiguous(const FusedMoeArgs& args, void* workspace) {
   install_hooks();
-  const MoeProblem p = make_problem(args);
+  run_grouped_problem(make_problem(args), workspace);
+}
+
+}  // namespace
+
+std::size_t grouped_problem_workspace(const MoeProblem& p) {
+  require(p, "cuda_grouped");
+  if (p.M == 0) return 0;
+  return workspace_layout(p, chunk_of(p), kBM, false, true).total;
+}
+
+std::string grouped_problem_limit(const MoeProblem& p) { return limit_of(p); }
+
+void run_grouped_problem(const MoeProblem& p, void* workspace) {
   require(p, "cuda_grouped");
   if (p.M == 0) return;
   if (!workspace) throw ValueError("cuda_grouped: workspace is null (see workspace_size)");
@@ -268,6 +278,8 @@ void run_contiguous(const FusedMoeArgs& args, void* workspace) {
         p.topk_w ? p.topk_w + c0 * p.topk : nullptr, m, L, static_cast<uint8_t*>(workspace));
   }
 }
+
+namespace {
 
 // ---- masked ("cuda_grouped_masked") ------------------------------------------------------------
 

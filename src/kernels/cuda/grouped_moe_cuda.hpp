@@ -13,17 +13,27 @@
 // graph-capturable.
 #pragma once
 
+#include <cstddef>
 #include <string>
 
 #include "fp8moe/fused_moe.hpp"
 
 namespace fp8moe::cuda {
 
+struct MoeProblem;  // moe_problem.hpp
+
 const ExpertsImpl& grouped_impl();
 const ExpertsImpl& grouped_masked_impl();
 
 // Why the grouped kernels cannot compute args ("" when they can); never throws.
 std::string grouped_limit(const FusedMoeArgs& args);
+
+// The same for a standard-format problem already checked by make_problem (cuda_fused's grouped
+// path, which builds the problem once per call), its workspace, and its run (what grouped_impl()'s
+// workspace_size / run do after make_problem).
+std::string grouped_problem_limit(const MoeProblem& p);
+std::size_t grouped_problem_workspace(const MoeProblem& p);
+void run_grouped_problem(const MoeProblem& p, void* workspace);
 
 // vLLM's _valid_deep_gemm shape rule of TritonOrDeepGemmExperts (spec/oracle.md): DeepGEMM runs
 // when align <= M, N % align == 0, K % align == 0 and N > 512 (align = 128; M = tokens, K = H,
