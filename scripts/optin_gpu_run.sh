@@ -8,6 +8,8 @@
 #
 #   [OPTIN_VARIANTS="FP8MOE_CUDA_PDL=1 FP8MOE_GROUPED_SWAP_META=1 ..."] [OPTIN_TEST_VARIANTS=...]
 #   [OPTIN_TESTS=REGEX] [SAN_FILTER=GTEST_FILTER] [OPTIN_SAN=GTEST_FILTER]
+#   [OPTIN_BENCH2="BENCH ARGS"] (a last plain benchmark; default "--path stream,grouped --m 1":
+#    which path single tokens should take now; "" for none)
 #   scripts/optin_gpu_run.sh [BENCH ARGS, default "--m 1,8,32"]
 set -uo pipefail
 cd "$(dirname "$0")/.." || exit 1
@@ -61,4 +63,10 @@ for v in $VARIANTS; do
   echo "== bench with $v" >>"$S"
   sed -n '/== summary/,$p' "$FINAL/bench_$n.log" | tail -n +3 >>"$S"
 done
+if [ -n "${OPTIN_BENCH2-"--path stream,grouped --m 1"}" ]; then
+  # shellcheck disable=SC2086
+  timeout 120 "$B" ${OPTIN_BENCH2-"--path stream,grouped --m 1"} >"$FINAL/bench_paths.log" 2>&1
+  echo "== bench ${OPTIN_BENCH2-"--path stream,grouped --m 1"} (no opt-in)" >>"$S"
+  sed -n '/== summary/,$p' "$FINAL/bench_paths.log" | tail -n +3 >>"$S"
+fi
 cat "$S"
