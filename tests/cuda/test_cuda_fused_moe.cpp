@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "common/moe_testing.hpp"
+#include "cuda/cuda_testing.hpp"
 #include "fp8moe/error.hpp"
 #include "fp8moe/numerics.hpp"
 #include "kernels/cuda/fused_moe_cuda.hpp"
@@ -26,13 +27,6 @@ using testing::MoeTestMode;
 using testing::MoeTestProblem;
 using testing::MoeTestSpec;
 using testing::RoutingPattern;
-
-#define SKIP_WITHOUT_GPU()                                                                \
-  do {                                                                                    \
-    cuda::install_hooks();                                                                \
-    if (!cuda::kernels_available())                                                       \
-      GTEST_SKIP() << "no GPU with the compiled architecture (sm_90a) is available here"; \
-  } while (0)
 
 const Path kAllPaths[] = {Path::kGeneric, Path::kWgmma, Path::kStream, Path::kGrouped};
 

@@ -22,6 +22,7 @@
 #include <vector>
 
 #include "common/moe_testing.hpp"
+#include "cuda/cuda_testing.hpp"
 #include "fp8moe/error.hpp"
 #include "fp8moe/numerics.hpp"
 #include "fp8moe/platform.hpp"
@@ -38,13 +39,6 @@ using testing::MoeTestMode;
 using testing::MoeTestProblem;
 using testing::MoeTestSpec;
 using testing::RoutingPattern;
-
-#define SKIP_WITHOUT_SM90()                                                               \
-  do {                                                                                    \
-    cuda::install_hooks();                                                                \
-    if (!cuda::grouped_impl().available())                                                \
-      GTEST_SKIP() << "no sm_90 GPU with this binary's sm_90a kernels is available here"; \
-  } while (0)
 
 // ---- the kernel on its own
 // -----------------------------------------------------------------------

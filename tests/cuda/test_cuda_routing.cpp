@@ -14,6 +14,7 @@
 #include <string>
 #include <vector>
 
+#include "cuda/cuda_testing.hpp"
 #include "fp8moe/error.hpp"
 #include "fp8moe/fused_moe.hpp"
 #include "fp8moe/tensor.hpp"
@@ -22,13 +23,6 @@
 
 namespace fp8moe {
 namespace {
-
-#define SKIP_WITHOUT_GPU()                                                                \
-  do {                                                                                    \
-    cuda::install_hooks();                                                                \
-    if (!cuda::kernels_available())                                                       \
-      GTEST_SKIP() << "no GPU with the compiled architecture (sm_90a) is available here"; \
-  } while (0)
 
 struct RouteCase {
   std::string name;

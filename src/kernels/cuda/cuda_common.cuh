@@ -134,10 +134,10 @@ inline bool chain_pdl() {
 }
 
 // Launches `kernel` like kernel<<<grid, block, smem, stream>>>(args...), with programmatic stream
-// serialization when chain_pdl().
+// serialization when `pdl`.
 template <typename... KArgs, typename... Args>
-void launch_chain(void (*kernel)(KArgs...), dim3 grid, dim3 block, size_t smem, cudaStream_t stream,
-                  Args&&... args) {
+void launch_pdl(bool pdl, void (*kernel)(KArgs...), dim3 grid, dim3 block, size_t smem,
+                cudaStream_t stream, Args&&... args) {
   cudaLaunchConfig_t cfg{};
   cfg.gridDim = grid;
   cfg.blockDim = block;
@@ -147,8 +147,14 @@ void launch_chain(void (*kernel)(KArgs...), dim3 grid, dim3 block, size_t smem, 
   attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
   attr[0].val.programmaticStreamSerializationAllowed = 1;
   cfg.attrs = attr;
-  cfg.numAttrs = chain_pdl() ? 1 : 0;
+  cfg.numAttrs = pdl ? 1 : 0;
   FP8MOE_CUDA_CHECK(cudaLaunchKernelEx(&cfg, kernel, std::forward<Args>(args)...));
+}
+// The chain kernels: with programmatic dependent launch when chain_pdl().
+template <typename... KArgs, typename... Args>
+void launch_chain(void (*kernel)(KArgs...), dim3 grid, dim3 block, size_t smem, cudaStream_t stream,
+                  Args&&... args) {
+  launch_pdl(chain_pdl(), kernel, grid, block, smem, stream, std::forward<Args>(args)...);
 }
 
 // ---- mbarrier / TMA (sm_90) --------------------------------------------------------------------

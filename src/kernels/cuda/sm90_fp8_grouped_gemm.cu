@@ -130,27 +130,17 @@ void launch_grouped_gemm(const GroupedGemmParams& p, const uint8_t* a, const uin
     FP8MOE_CUDA_CHECK(cudaFuncSetAttribute(
         grouped_gemm_n256_kernel<1>, cudaFuncAttributeMaxDynamicSharedMemorySize, kG2SmemBytes));
   });
-  if (p.fuse_act) {
-    if (p.N % kG2BN != 0 || p.out_scatter || p.row_weight || !p.q_out || !p.q_scale)
-      throw ValueError(
-          "grouped GEMM: the fused activation needs N % 256 == 0, no scatter, no row weight and "
-          "q_out / q_scale");
-    const CUtensorMap tm_a = make_tma_2d_u8(a, p.K, p.a_rows, kGBK, kGBM);
-    const CUtensorMap tm_b = make_tma_2d_u8(b, p.K, b_rows, kGBK, kGBN);
-    const int64_t tiles = max_m_blocks * (p.N / kG2BN);
-    const unsigned grid = static_cast<unsigned>(grid_ctas(p, tiles));
-    launch_chain(grouped_gemm_n256_kernel<1>, dim3(grid), dim3(kGThreads), kG2SmemBytes, stream, p,
-                 tm_a, tm_b);
-    FP8MOE_CUDA_CHECK_LAUNCH();
-    return;
-  }
-  if (grouped_tile_n(p) == kG2BN) {
+  if (p.fuse_act && (p.N % kG2BN != 0 || p.out_scatter || p.row_weight || !p.q_out || !p.q_scale))
+    throw ValueError(
+        "grouped GEMM: the fused activation needs N % 256 == 0, no scatter, no row weight and "
+        "q_out / q_scale");
+  if (p.fuse_act || grouped_tile_n(p) == kG2BN) {  // 128 x 256 tiles (two 128-row B halves)
     const CUtensorMap tm_a = make_tma_2d_u8(a, p.K, p.a_rows, kGBK, kGBM);
     const CUtensorMap tm_b = make_tma_2d_u8(b, p.K, b_rows, kGBK, kGBN);  // one 128-row half
     const int64_t tiles = max_m_blocks * (p.N / kG2BN);
     const unsigned grid = static_cast<unsigned>(grid_ctas(p, tiles));
-    launch_chain(grouped_gemm_n256_kernel<0>, dim3(grid), dim3(kGThreads), kG2SmemBytes, stream, p,
-                 tm_a, tm_b);
+    launch_chain(p.fuse_act ? grouped_gemm_n256_kernel<1> : grouped_gemm_n256_kernel<0>, dim3(grid),
+                 dim3(kGThreads), kG2SmemBytes, stream, p, tm_a, tm_b);
     FP8MOE_CUDA_CHECK_LAUNCH();
     return;
   }
