@@ -77,6 +77,23 @@ bool actq_wanted() {
   return env;
 }
 
+// Between the GEMMs (unless GEMM1's epilogue fused it): the activation of y1 (rows, 2 I) and the
+// 1 x 128 quantisation of h into qh / sh, as two kernels through the h buffer, or as one
+// (FP8MOE_GROUPED_ACTQ).
+void act_then_quant(const MoeProblem& p, const void* y1, const RowSet& rows, void* h,
+                    unsigned* amax, uint8_t* qh, float* sh, cudaStream_t st) {
+  const bool h_f32 = p.fused_silu_quant;
+  const QuantOut out{qh, p.I, sh, p.I / 128};
+  if (actq_wanted()) {
+    launch_act_quant(static_cast<const uint16_t*>(y1), p.N1, rows, static_cast<int>(p.I), p.ap,
+                     h_f32, group_quant(p, true, amax), out, st);
+    return;
+  }
+  launch_activation(y1, false, p.N1, rows, static_cast<int>(p.I), p.ap, h, h_f32, p.I, st);
+  launch_quant(group_quant(p, true, amax), h, h_f32, p.I, rows, RowScale{}, static_cast<int>(p.I),
+               out, st);
+}
+
 // GEMM1's fused epilogue: the same activation and quantisation as launch_activation + launch_quant
 // with group_quant(p, true, .) would apply (h kept f32 for the fused SiLU+quant semantics).
 void set_fused_act(GroupedGemmParams& g, const MoeProblem& p, uint8_t* qh, float* sh) {
@@ -211,19 +228,9 @@ void run_contiguous_chunk(const MoeProblem& p, const void* x, void* out, const v
     if (fuse) set_fused_act(g, p, qh, sh);
     launch_grouped_gemm(g, qx, p.w1.w, p.E * p.N1, max_mblk, st);
   }
-  if (!fuse) {
-    const bool h_f32 = p.fused_silu_quant;
-    void* h = ws + L.h;
-    const RowSet srows{al.sorted_ids, al.meta, static_cast<int32_t>(L.capacity), pairs};
-    if (actq_wanted()) {
-      launch_act_quant(static_cast<const uint16_t*>(y1), p.N1, srows, static_cast<int>(p.I), p.ap,
-                       h_f32, group_quant(p, true, amax), QuantOut{qh, p.I, sh, p.I / 128}, st);
-    } else {
-      launch_activation(y1, false, p.N1, srows, static_cast<int>(p.I), p.ap, h, h_f32, p.I, st);
-      launch_quant(group_quant(p, true, amax), h, h_f32, p.I, srows, RowScale{},
-                   static_cast<int>(p.I), QuantOut{qh, p.I, sh, p.I / 128}, st);
-    }
-  }
+  if (!fuse)
+    act_then_quant(p, y1, RowSet{al.sorted_ids, al.meta, static_cast<int32_t>(L.capacity), pairs},
+                   ws + L.h, amax, qh, sh, st);
   void* y2 = ws + L.y2;
   {
     GroupedGemmParams g = gemm_params(p.w2, p.H, p.I, L.capacity, sh);
@@ -396,18 +403,7 @@ void run_masked(const FusedMoeArgs& args, void* workspace) {
     if (fuse) set_fused_act(g, p, qh, sh);
     launch_grouped_gemm(g, qx, p.w1.w, p.E * p.N1, max_mblk, st);
   }
-  if (!fuse) {
-    const bool h_f32 = p.fused_silu_quant;
-    void* h = ws + L.h;
-    if (actq_wanted()) {
-      launch_act_quant(static_cast<const uint16_t*>(y1), p.N1, vrows, static_cast<int>(p.I), p.ap,
-                       h_f32, group_quant(p, true, amax), QuantOut{qh, p.I, sh, p.I / 128}, st);
-    } else {
-      launch_activation(y1, false, p.N1, vrows, static_cast<int>(p.I), p.ap, h, h_f32, p.I, st);
-      launch_quant(group_quant(p, true, amax), h, h_f32, p.I, vrows, RowScale{},
-                   static_cast<int>(p.I), QuantOut{qh, p.I, sh, p.I / 128}, st);
-    }
-  }
+  if (!fuse) act_then_quant(p, y1, vrows, ws + L.h, amax, qh, sh, st);
   {
     GroupedGemmParams g = gemm_params(p.w2, p.H, p.I, rows, sh);
     g.tile_m = static_cast<int32_t>(bm);
