@@ -2,7 +2,7 @@
 # Per-kernel time and DRAM bytes of one layer call, for each shape and M (Nsight Compute on
 # `bench_cuda_moe --ncu`, which runs every configuration twice; the second run is reported).
 # Needs a build in build-gpu (scripts/gpu_session.sh). Output: one table per shape on stdout and
-# ncu_<shape>.csv in $OUT (or ./gpu_out). Extra environment (e.g. FP8MOE_CUDA_PDL=1) applies.
+# ncu_<shape>.csv in $OUT (or ./gpu_out). Extra environment (e.g. FP8MOE_GROUPED_TILE_M=128) applies.
 #   scripts/ncu_chain.sh "deepseek_v3_tp8 deepseek_v3_tp2" 1,8,32
 set -uo pipefail
 cd "$(dirname "$0")/.." || exit 1

@@ -139,23 +139,19 @@ std::vector<float> random_scales(int64_t rows, int K, std::mt19937& rng) {
 constexpr uint16_t kPoisonBf16 = 0x7FC0;
 
 // Kernel variant under test: the m-block (128 = tokens as wgmma's M operand; 16/32/64 = swapped
-// operands), for the 128-row kernel the output tile width (128 or 256; 256 falls back to 128
-// when N % 256 != 0, which the N = 384 cases check), for the swapped kernel whether its meta warp
-// prepares destinations and scales (swap_meta).
+// operands) and, for the 128-row kernel, the output tile width (128 or 256; 256 falls back to 128
+// when N % 256 != 0, which the N = 384 cases check).
 struct GemmTile {
   int tm, tn;
-  int meta = 0;
 };
 
 std::string tile_name(const GemmTile& t) {
-  return "tile_m" + std::to_string(t.tm) + (t.tn ? "_n" + std::to_string(t.tn) : "") +
-         (t.meta ? "_meta" : "");
+  return "tile_m" + std::to_string(t.tm) + (t.tn ? "_n" + std::to_string(t.tn) : "");
 }
 
 void set_tile(cuda::GroupedGemmParams& p, const GemmTile& t) {
   p.tile_m = t.tm;
   p.tile_n = t.tn;
-  p.swap_meta = t.meta;
   // the 128 x 128 tile runs as two-CTA clusters (multicast A) where the n-blocks pair up (N = 512)
   p.mcast = t.tm == 128 && t.tn == 128 ? 1 : 0;
 }
@@ -306,8 +302,7 @@ TEST_P(CudaGroupedGemm, MaskedExactBitwise) {
 
 INSTANTIATE_TEST_SUITE_P(TileM, CudaGroupedGemm,
                          ::testing::Values(GemmTile{128, 128}, GemmTile{128, 256}, GemmTile{16, 0},
-                                           GemmTile{32, 0}, GemmTile{64, 0}, GemmTile{16, 0, 1},
-                                           GemmTile{32, 0, 1}, GemmTile{64, 0, 1}),
+                                           GemmTile{32, 0}, GemmTile{64, 0}),
                          [](const auto& info) { return tile_name(info.param); });
 
 // GEMM1 with the fused activation + 1x128 quantisation epilogue (fuse_act, the 256 tile with

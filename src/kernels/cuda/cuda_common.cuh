@@ -8,7 +8,6 @@
 #include <cuda_runtime.h>
 
 #include <cstdint>
-#include <cstdlib>
 #include <utility>
 
 #include "cuda_check.hpp"
@@ -113,24 +112,16 @@ __device__ __forceinline__ void mma_e4m3_16832(float (&d)[4], const uint32_t (&a
 }
 
 // ---- programmatic dependent launch -------------------------------------------------------------
-// A kernel launched with programmatic stream serialization may start while the previous kernel of
-// the stream is still running: it must call pdl_wait() before it reads anything an earlier kernel
-// wrote (it returns once the previous grid has completed and its memory is visible; without the
-// launch attribute it returns at once). pdl_trigger() lets the next kernel launch early. Every
-// kernel the chain launchers below start calls both at its top.
+// Used by the stream path (sm89_fp8_moe_stream.*) only. A kernel launched with programmatic stream
+// serialization may start while the previous kernel of the stream is still running: it must call
+// pdl_wait() before it reads anything an earlier kernel wrote (it returns once the previous grid
+// has completed and its memory is visible; without the launch attribute it returns at once).
+// pdl_trigger() lets the next kernel launch early. The kernels of the generic, wgmma and grouped
+// chains launch plainly (programmatic launch for them was measured slower on the H200:
+// docs/PERFORMANCE.md).
 __device__ __forceinline__ void pdl_wait() { asm volatile("griddepcontrol.wait;\n" ::: "memory"); }
 __device__ __forceinline__ void pdl_trigger() {
   asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
-}
-
-// FP8MOE_CUDA_PDL=1: the routing, alignment, quantisation, activation, top-k sum and grouped GEMM
-// kernels are launched with programmatic dependent launch (off by default until measured).
-inline bool chain_pdl() {
-  static const bool on = [] {
-    const char* v = std::getenv("FP8MOE_CUDA_PDL");
-    return v && v[0] == '1' && v[1] == '\0';
-  }();
-  return on;
 }
 
 // Launches `kernel` like kernel<<<grid, block, smem, stream>>>(args...), with programmatic stream
@@ -149,12 +140,6 @@ void launch_pdl(bool pdl, void (*kernel)(KArgs...), dim3 grid, dim3 block, size_
   cfg.attrs = attr;
   cfg.numAttrs = pdl ? 1 : 0;
   FP8MOE_CUDA_CHECK(cudaLaunchKernelEx(&cfg, kernel, std::forward<Args>(args)...));
-}
-// The chain kernels: with programmatic dependent launch when chain_pdl().
-template <typename... KArgs, typename... Args>
-void launch_chain(void (*kernel)(KArgs...), dim3 grid, dim3 block, size_t smem, cudaStream_t stream,
-                  Args&&... args) {
-  launch_pdl(chain_pdl(), kernel, grid, block, smem, stream, std::forward<Args>(args)...);
 }
 
 // ---- mbarrier / TMA (sm_90) --------------------------------------------------------------------

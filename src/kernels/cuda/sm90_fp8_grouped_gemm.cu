@@ -42,13 +42,6 @@ bool mcast_wanted(const GroupedGemmParams& p) {
   }();
   return p.mcast < 0 ? env : p.mcast > 0;
 }
-bool swap_meta_wanted(const GroupedGemmParams& p) {
-  static const bool env = [] {
-    const char* v = std::getenv("FP8MOE_GROUPED_SWAP_META");
-    return v && v[0] == '1';
-  }();
-  return p.swap_meta < 0 ? env : p.swap_meta > 0;
-}
 }  // namespace
 
 int grouped_tile_n(const GroupedGemmParams& p) {
@@ -81,23 +74,14 @@ void launch_swap(const GroupedGemmParams& p, const uint8_t* a, const uint8_t* b,
   using C = SwapCfg<kTN>;
   static std::once_flag once;
   std::call_once(once, [] {
-    FP8MOE_CUDA_CHECK(cudaFuncSetAttribute(grouped_gemm_swap_kernel<kTN, false>,
-                                           cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                           C::kSmemBytes));
-    FP8MOE_CUDA_CHECK(cudaFuncSetAttribute(grouped_gemm_swap_kernel<kTN, true>,
-                                           cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                           C::kSmemBytes));
+    FP8MOE_CUDA_CHECK(cudaFuncSetAttribute(
+        grouped_gemm_swap_kernel<kTN>, cudaFuncAttributeMaxDynamicSharedMemorySize, C::kSmemBytes));
   });
   const CUtensorMap tm_a = make_tma_2d_u8(a, p.K, p.a_rows, kGBK, kTN);
   const CUtensorMap tm_b = make_tma_2d_u8(b, p.K, b_rows, kGBK, kGBN);
   const int64_t tiles = max_m_blocks * (p.N / kGBN);
   const unsigned grid = static_cast<unsigned>(grid_ctas(p, tiles));
-  if (swap_meta_wanted(p))
-    launch_chain(grouped_gemm_swap_kernel<kTN, true>, dim3(grid), dim3(kGThreads), C::kSmemBytes,
-                 stream, p, tm_a, tm_b);
-  else
-    launch_chain(grouped_gemm_swap_kernel<kTN, false>, dim3(grid), dim3(kGThreads), C::kSmemBytes,
-                 stream, p, tm_a, tm_b);
+  grouped_gemm_swap_kernel<kTN><<<grid, kGThreads, C::kSmemBytes, stream>>>(p, tm_a, tm_b);
   FP8MOE_CUDA_CHECK_LAUNCH();
 }
 }  // namespace
@@ -139,8 +123,10 @@ void launch_grouped_gemm(const GroupedGemmParams& p, const uint8_t* a, const uin
     const CUtensorMap tm_b = make_tma_2d_u8(b, p.K, b_rows, kGBK, kGBN);  // one 128-row half
     const int64_t tiles = max_m_blocks * (p.N / kG2BN);
     const unsigned grid = static_cast<unsigned>(grid_ctas(p, tiles));
-    launch_chain(p.fuse_act ? grouped_gemm_n256_kernel<1> : grouped_gemm_n256_kernel<0>, dim3(grid),
-                 dim3(kGThreads), kG2SmemBytes, stream, p, tm_a, tm_b);
+    if (p.fuse_act)
+      grouped_gemm_n256_kernel<1><<<grid, kGThreads, kG2SmemBytes, stream>>>(p, tm_a, tm_b);
+    else
+      grouped_gemm_n256_kernel<0><<<grid, kGThreads, kG2SmemBytes, stream>>>(p, tm_a, tm_b);
     FP8MOE_CUDA_CHECK_LAUNCH();
     return;
   }
@@ -154,8 +140,7 @@ void launch_grouped_gemm(const GroupedGemmParams& p, const uint8_t* a, const uin
   const int64_t tiles = max_m_blocks * (p.N / kGBN);
   if (mc == 1) {
     const unsigned grid = static_cast<unsigned>(grid_ctas(p, tiles));
-    launch_chain(grouped_gemm_kernel<1>, dim3(grid), dim3(kGThreads), kGSmemBytes, stream, p, tm_a,
-                 tm_b);
+    grouped_gemm_kernel<1><<<grid, kGThreads, kGSmemBytes, stream>>>(p, tm_a, tm_b);
     FP8MOE_CUDA_CHECK_LAUNCH();
     return;
   }
@@ -165,15 +150,13 @@ void launch_grouped_gemm(const GroupedGemmParams& p, const uint8_t* a, const uin
   cfg.blockDim = dim3(kGThreads);
   cfg.dynamicSmemBytes = kGSmemBytes;
   cfg.stream = stream;
-  cudaLaunchAttribute attr[2];
+  cudaLaunchAttribute attr[1];
   attr[0].id = cudaLaunchAttributeClusterDimension;
   attr[0].val.clusterDim.x = 2;
   attr[0].val.clusterDim.y = 1;
   attr[0].val.clusterDim.z = 1;
-  attr[1].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  attr[1].val.programmaticStreamSerializationAllowed = 1;
   cfg.attrs = attr;
-  cfg.numAttrs = chain_pdl() ? 2 : 1;
+  cfg.numAttrs = 1;
   FP8MOE_CUDA_CHECK(cudaLaunchKernelEx(&cfg, grouped_gemm_kernel<2>, p, tm_a, tm_b));
 }
 
@@ -182,7 +165,7 @@ void launch_masked_rows(const int32_t* counts, int E, int max_m, int32_t* ids, i
   const int64_t n = int64_t(E) * max_m;
   const unsigned blocks =
       static_cast<unsigned>(std::max<int64_t>(1, std::min<int64_t>(ceil_div(n, 256), 4096)));
-  launch_chain(masked_rows_kernel, dim3(blocks), dim3(256), 0, stream, counts, E, max_m, ids, meta);
+  masked_rows_kernel<<<blocks, 256, 0, stream>>>(counts, E, max_m, ids, meta);
   FP8MOE_CUDA_CHECK_LAUNCH();
 }
 

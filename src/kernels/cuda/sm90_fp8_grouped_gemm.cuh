@@ -254,8 +254,6 @@ __global__ void __launch_bounds__(kGThreads, 1)
     grouped_gemm_kernel(const __grid_constant__ GroupedGemmParams p,
                         const __grid_constant__ CUtensorMap tm_a,
                         const __grid_constant__ CUtensorMap tm_b) {
-  pdl_wait();  // the previous kernel of the chain is done (see launch_chain)
-  pdl_trigger();
   extern __shared__ uint8_t gg_smem_raw[];
   uint8_t* smem = reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(gg_smem_raw) + 1023) &
                                              ~uintptr_t(1023));
@@ -552,8 +550,6 @@ __global__ void __launch_bounds__(kGThreads, 1)
     grouped_gemm_n256_kernel(const __grid_constant__ GroupedGemmParams p,
                              const __grid_constant__ CUtensorMap tm_a,
                              const __grid_constant__ CUtensorMap tm_b) {
-  pdl_wait();  // the previous kernel of the chain is done (see launch_chain)
-  pdl_trigger();
   extern __shared__ uint8_t gg_smem_raw[];
   uint8_t* smem = reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(gg_smem_raw) + 1023) &
                                              ~uintptr_t(1023));
@@ -761,17 +757,6 @@ __global__ void __launch_bounds__(kGThreads, 1)
 // weights with only kTN-row padding. Same ring, promotion and scales as above; the accumulator is
 // the transpose (thread: two weight rows x kTN/8 pairs of tokens), staged transposed in shared
 // memory for 16-byte row stores.
-// kMeta (opt-in: GroupedGemmParams::swap_meta / FP8MOE_GROUPED_SWAP_META): with short K (GEMM2 of
-// the small-expert shapes: K = 256-384, two or three K blocks per tile) a tile's 32-48 KB stream
-// in about a microsecond per SM, and the consumers' own global loads were on that path: the
-// token and weight scales at the start of every tile and the sorted id -> row weight chain of the
-// epilogue (two dependent L2 round trips). With kMeta, warp 1 of the producer warpgroup (idle
-// before) walks the same tiles ahead of the consumers: per stage it writes the K block's token
-// scales and weight scale into shared memory and arrives on the stage's full barrier with the
-// TMA (32 + 1 arrivals); per tile it writes the tile, the destination rows and the row weights into
-// one of kTileSlots slots (tfull: its 32 lanes arrive; tempty: the 256 consumer threads arrive
-// after their stores). The consumers then read only shared memory. Same values, same operations:
-// the output is bitwise the plain kernel's.
 template <int kTN>
 struct SwapCfg {
   static constexpr int kStages = 6;
@@ -781,7 +766,6 @@ struct SwapCfg {
   static constexpr int kEpiBytes = kTN * kGEpiPitch * 2;
   static constexpr int kSmemBytes = 1024 + kStages * kStageBytes + kEpiBytes + 2 * kStages * 8 +
                                     (kGroupedMaxExperts + 1) * 4 + 64;
-  static constexpr int kTileSlots = 4;  // kMeta: tiles prepared ahead
 };
 
 template <int kTN>
@@ -795,17 +779,13 @@ __device__ __forceinline__ void gg_wgmma_tn(float (&d)[kTN / 2], uint64_t da, ui
     gg_wgmma_n64(d, da, db, scale_d);
 }
 
-template <int kTN, bool kMeta>
+template <int kTN>
 __global__ void __launch_bounds__(kGThreads, 1)
     grouped_gemm_swap_kernel(const __grid_constant__ GroupedGemmParams p,
                              const __grid_constant__ CUtensorMap tm_a,
                              const __grid_constant__ CUtensorMap tm_b) {
-  pdl_wait();  // the previous kernel of the chain is done (see launch_chain)
-  pdl_trigger();
   using C = SwapCfg<kTN>;
   constexpr int kAcc = kTN / 2;
-  constexpr int kSlots = kMeta ? C::kTileSlots : 1;
-  constexpr int kScaleStages = kMeta ? C::kStages : 1;
   extern __shared__ uint8_t gg_smem_raw[];
   uint8_t* smem = reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(gg_smem_raw) + 1023) &
                                              ~uintptr_t(1023));
@@ -813,27 +793,17 @@ __global__ void __launch_bounds__(kGThreads, 1)
   uint64_t* full = reinterpret_cast<uint64_t*>(smem + C::kStages * C::kStageBytes + C::kEpiBytes);
   uint64_t* empty = full + C::kStages;
   int* pref = reinterpret_cast<int*>(empty + C::kStages);
-  // destinations and row weights of the tile in the epilogue (kMeta: one slot per prepared tile)
-  __shared__ int s_dst[kSlots][kTN];
-  __shared__ float s_w[kSlots][kTN];
-  __shared__ GTile s_tile[kSlots];
-  __shared__ __align__(8) uint64_t tfull[kSlots], tempty[kSlots];
-  __shared__ float s_sa[kScaleStages][kTN];  // kMeta: token scales of each stage's K block
-  __shared__ float s_sb[kScaleStages];       // and the weight block's scale
+  // destinations and row weights of the tile in the epilogue
+  __shared__ int s_dst[kTN];
+  __shared__ float s_w[kTN];
 
   const int tid = threadIdx.x;
   const int wg = tid / 128, wtid = tid % 128;
   const int warp = wtid / 32, lane = tid % 32;
   if (tid == 0) {
     for (int i = 0; i < C::kStages; ++i) {
-      mbar_init(&full[i], kMeta ? 33 : 1);
+      mbar_init(&full[i], 1);
       mbar_init(&empty[i], 8);
-    }
-    if constexpr (kMeta) {
-      for (int i = 0; i < kSlots; ++i) {
-        mbar_init(&tfull[i], 32);
-        mbar_init(&tempty[i], 256);
-      }
     }
     fence_barrier_init();
   }
@@ -884,34 +854,6 @@ __global__ void __launch_bounds__(kGThreads, 1)
           tma_load_2d(dst + C::kWStage, &tm_a, &full[s], kb * kGBK, g.row0);
         }
       }
-    } else if (kMeta && warp == 1) {  // the meta warp (see the comment above SwapCfg)
-      int it = 0, tl = 0;
-      for (int t = blockIdx.x; t < n_tiles; t += gridDim.x, ++tl) {
-        const GTile g = gg_tile<kTN>(p, pref, total_m, n_tiles_n, t);
-        const int ts = tl % kSlots;
-        mbar_wait(&tempty[ts], ((tl / kSlots) & 1) ^ 1);
-        for (int r = lane; r < kTN; r += 32) {
-          int dst;
-          float w;
-          gg_row_dest(p, g, r, dst, w);
-          s_dst[ts][r] = dst;
-          s_w[ts][r] = w;
-        }
-        if (lane == 0) s_tile[ts] = g;
-        mbar_arrive(&tfull[ts]);
-        const float* bs =
-            p.b_scale + int64_t(g.e) * p.b_scale_e_stride + int64_t(g.nt) * p.b_scale_n_stride;
-        for (int kb = 0; kb < num_kb; ++kb, ++it) {
-          const int s = it % C::kStages;
-          mbar_wait(&empty[s], ((it / C::kStages) & 1) ^ 1);
-          for (int r = lane; r < kTN; r += 32) {
-            const int64_t row = int64_t(g.row0) + r;
-            s_sa[s][r] = row < p.a_rows ? __ldg(p.a_scale + row * p.a_scale_stride + kb) : 0.0f;
-          }
-          if (lane == 0) s_sb[s] = __ldg(bs + kb);
-          mbar_arrive(&full[s]);
-        }
-      }
     }
     return;
   }
@@ -920,42 +862,31 @@ __global__ void __launch_bounds__(kGThreads, 1)
   const int cw = wg - 1;
   const int wr_lo = cw * 64 + warp * 16 + (lane >> 2), wr_hi = wr_lo + 8;  // weight rows
   const int q = lane & 3;
-  int it = 0, tl = 0;
-  for (int t = blockIdx.x; t < n_tiles; t += gridDim.x, ++tl) {
-    const int ts = kMeta ? tl % kSlots : 0;
-    GTile g;
+  int it = 0;
+  for (int t = blockIdx.x; t < n_tiles; t += gridDim.x) {
+    const GTile g = gg_tile<kTN>(p, pref, total_m, n_tiles_n, t);
+    const float* bs =
+        p.b_scale + int64_t(g.e) * p.b_scale_e_stride + int64_t(g.nt) * p.b_scale_n_stride;
+    // token scales of my columns t = 8 j + 2 q + c
     const float* asp[kTN / 4];
-    const float* bs = nullptr;
-    float sa[kTN / 4], na[kTN / 4], sb = 0.0f;
-    if constexpr (!kMeta) {
-      g = gg_tile<kTN>(p, pref, total_m, n_tiles_n, t);
-      bs = p.b_scale + int64_t(g.e) * p.b_scale_e_stride + int64_t(g.nt) * p.b_scale_n_stride;
-      // token scales of my columns t = 8 j + 2 q + c
 #pragma unroll
-      for (int j = 0; j < kTN / 8; ++j)
+    for (int j = 0; j < kTN / 8; ++j)
 #pragma unroll
-        for (int c = 0; c < 2; ++c) {
-          const int64_t row = int64_t(g.row0) + 8 * j + 2 * q + c;
-          asp[2 * j + c] = row < p.a_rows ? p.a_scale + row * p.a_scale_stride : nullptr;
-        }
-#pragma unroll
-      for (int i = 0; i < kTN / 4; ++i) sa[i] = asp[i] ? __ldg(asp[i]) : 0.0f;
-      sb = __ldg(bs);
-    }
+      for (int c = 0; c < 2; ++c) {
+        const int64_t row = int64_t(g.row0) + 8 * j + 2 * q + c;
+        asp[2 * j + c] = row < p.a_rows ? p.a_scale + row * p.a_scale_stride : nullptr;
+      }
     float acc[kAcc], part[kAcc];
 #pragma unroll
     for (int i = 0; i < kAcc; ++i) acc[i] = 0.0f;
+    float sa[kTN / 4], na[kTN / 4];
+#pragma unroll
+    for (int i = 0; i < kTN / 4; ++i) sa[i] = asp[i] ? __ldg(asp[i]) : 0.0f;
+    float sb = __ldg(bs);
     for (int kb = 0; kb < num_kb; ++kb, ++it) {
       const int s = it % C::kStages;
       const uint32_t ph = (it / C::kStages) & 1;
       mbar_wait(&full[s], ph);
-      if constexpr (kMeta) {  // this K block's scales, read before the stage is released
-#pragma unroll
-        for (int j = 0; j < kTN / 8; ++j)
-#pragma unroll
-          for (int c = 0; c < 2; ++c) sa[2 * j + c] = s_sa[s][8 * j + 2 * q + c];
-        sb = s_sb[s];
-      }
       const uint8_t* w_s = smem + s * C::kStageBytes + cw * (64 * kGBK);
       const uint8_t* t_s = smem + s * C::kStageBytes + C::kWStage;
       const uint64_t da = gg_desc(w_s), db = gg_desc(t_s);
@@ -965,14 +896,12 @@ __global__ void __launch_bounds__(kGThreads, 1)
       for (int ks = 0; ks < 4; ++ks) gg_wgmma_tn<kTN>(part, da + 2 * ks, db + 2 * ks, ks > 0);
       gg_commit();
       float nb = 0.0f;
-      if constexpr (!kMeta) {
 #pragma unroll
-        for (int i = 0; i < kTN / 4; ++i) na[i] = 0.0f;
-        if (kb + 1 < num_kb) {
+      for (int i = 0; i < kTN / 4; ++i) na[i] = 0.0f;
+      if (kb + 1 < num_kb) {
 #pragma unroll
-          for (int i = 0; i < kTN / 4; ++i) na[i] = asp[i] ? __ldg(asp[i] + kb + 1) : 0.0f;
-          nb = __ldg(bs + kb + 1);
-        }
+        for (int i = 0; i < kTN / 4; ++i) na[i] = asp[i] ? __ldg(asp[i] + kb + 1) : 0.0f;
+        nb = __ldg(bs + kb + 1);
       }
       gg_wait0();
       gg_reg_fence(part);
@@ -985,28 +914,21 @@ __global__ void __launch_bounds__(kGThreads, 1)
           for (int c = 0; c < 2; ++c)
             acc[4 * j + 2 * h + c] =
                 fmaf(part[4 * j + 2 * h + c], sa[2 * j + c] * sb, acc[4 * j + 2 * h + c]);
-      if constexpr (!kMeta) {
 #pragma unroll
-        for (int i = 0; i < kTN / 4; ++i) sa[i] = na[i];
-        sb = nb;
-      }
+      for (int i = 0; i < kTN / 4; ++i) sa[i] = na[i];
+      sb = nb;
     }
 
     // ---- epilogue (both consumer warpgroups: 256 threads) ----
-    gg_bar(1, 256);  // the previous tile's readers of stage_out (and s_dst / s_w) are done
-    if constexpr (kMeta) {
-      mbar_wait(&tfull[ts], (tl / kSlots) & 1);
-      g = s_tile[ts];
-    } else {
-      if (cw == 0 && wtid < kTN) {
-        int dst;
-        float w;
-        gg_row_dest(p, g, wtid, dst, w);
-        s_dst[0][wtid] = dst;
-        s_w[0][wtid] = w;
-      }
-      gg_bar(1, 256);
+    gg_bar(1, 256);  // the previous tile's readers of stage_out / s_dst / s_w are done
+    if (cw == 0 && wtid < kTN) {
+      int dst;
+      float w;
+      gg_row_dest(p, g, wtid, dst, w);
+      s_dst[wtid] = dst;
+      s_w[wtid] = w;
     }
+    gg_bar(1, 256);
     const int n0 = g.nt * kGBN;
     float bias_v[2] = {0.0f, 0.0f};
     if (p.bias) {
@@ -1022,7 +944,7 @@ __global__ void __launch_bounds__(kGThreads, 1)
 #pragma unroll
       for (int c = 0; c < 2; ++c) {
         const int tok = 8 * j + 2 * q + c;
-        const float w = s_w[ts][tok];
+        const float w = s_w[tok];
 #pragma unroll
         for (int h = 0; h < 2; ++h)
           stage_out[tok * kGEpiPitch + (h ? wr_hi : wr_lo)] =
@@ -1032,12 +954,11 @@ __global__ void __launch_bounds__(kGThreads, 1)
     const int tid2 = tid - 128;
     for (int i = tid2; i < kTN * 16; i += 256) {
       const int r = i >> 4, c = i & 15;
-      const int dst = s_dst[ts][r];
+      const int dst = s_dst[r];
       if (dst < 0) continue;
       *reinterpret_cast<uint4*>(p.out + int64_t(dst) * p.out_stride + n0 + c * 8) =
           *reinterpret_cast<const uint4*>(stage_out + r * kGEpiPitch + c * 8);
     }
-    if constexpr (kMeta) mbar_arrive(&tempty[ts]);  // this thread is done with the slot
   }
 }
 
@@ -1045,8 +966,6 @@ __global__ void __launch_bounds__(kGThreads, 1)
 __global__ void __launch_bounds__(256)
     masked_rows_kernel(const int32_t* __restrict__ counts, int E, int max_m,
                        int32_t* __restrict__ ids, int32_t* __restrict__ meta) {
-  pdl_wait();  // the previous kernel of the chain is done (see launch_chain)
-  pdl_trigger();
   const int64_t n = int64_t(E) * max_m;
   for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n;
        i += int64_t(gridDim.x) * blockDim.x) {

@@ -37,10 +37,6 @@ struct GroupedGemmParams {
   // 256 unless clusters are asked for; 128 or 256 forces it. 256 needs N % 256 == 0 and falls back
   // to 128 otherwise (and runs without clusters).
   int32_t tile_n = 0;
-  // swapped kernel (tile_m 16/32/64) only: -1 = FP8MOE_GROUPED_SWAP_META (default off), 0 = off,
-  // 1 = a producer warp prepares each tile's destination rows and row weights and each K block's
-  // scales in shared memory ahead of the consumers (short-K GEMM2; bitwise the same output).
-  int32_t swap_meta = -1;
   // Most CTAs of the persistent grid (0 = one per SM). Tests set a few so that every CTA walks many
   // tiles (the shared-memory rings and their phases wrap around).
   int32_t max_ctas = 0;

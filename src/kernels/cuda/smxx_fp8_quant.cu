@@ -14,10 +14,10 @@ void quant_typed(const QuantSpec& spec, const T* src, int64_t src_stride, const 
     case AQuant::kGroupDynamic: {
       const int64_t threads = int64_t(rows.num_rows) * (cols / 8);
       const unsigned blocks = static_cast<unsigned>(ceil_div(threads, 256));
-#define FP8MOE_QG(G)                                                                          \
-  launch_chain(quant_group_kernel<T, G>, dim3(blocks), dim3(256), 0, stream, src, src_stride, \
-               rows, rs, cols, out.q, out.q_stride, out.s, out.s_stride, spec.ue8m0 ? 1 : 0,  \
-               spec.min_scale)
+#define FP8MOE_QG(G)                                                                           \
+  quant_group_kernel<T, G><<<blocks, 256, 0, stream>>>(src, src_stride, rows, rs, cols, out.q, \
+                                                       out.q_stride, out.s, out.s_stride,      \
+                                                       spec.ue8m0 ? 1 : 0, spec.min_scale)
       if (spec.gk == 128)
         FP8MOE_QG(128);
       else if (spec.gk == 64)
@@ -30,8 +30,8 @@ void quant_typed(const QuantSpec& spec, const T* src, int64_t src_stride, const 
       break;
     }
     case AQuant::kTokenDynamic:
-      launch_chain(quant_token_kernel<T>, dim3(rows.num_rows), dim3(256), 0, stream, src,
-                   src_stride, rows, rs, cols, out.q, out.q_stride, out.s);
+      quant_token_kernel<T><<<rows.num_rows, 256, 0, stream>>>(src, src_stride, rows, rs, cols,
+                                                               out.q, out.q_stride, out.s);
       break;
     case AQuant::kTensorStatic:
     case AQuant::kTensorDynamic: {
@@ -39,14 +39,12 @@ void quant_typed(const QuantSpec& spec, const T* src, int64_t src_stride, const 
                       static_cast<unsigned>(std::min<int64_t>(ceil_div(cols, 256), 64)));
       if (spec.kind == AQuant::kTensorDynamic) {
         FP8MOE_CUDA_CHECK(cudaMemsetAsync(spec.amax_ws, 0, sizeof(unsigned int), stream));
-        launch_chain(amax_kernel<T>, grid, dim3(256), 0, stream, src, src_stride, rows, rs, cols,
-                     spec.amax_ws);
+        amax_kernel<T><<<grid, 256, 0, stream>>>(src, src_stride, rows, rs, cols, spec.amax_ws);
         FP8MOE_CUDA_CHECK_LAUNCH();
       }
-      launch_chain(quant_tensor_kernel<T>, grid, dim3(256), 0, stream, src, src_stride, rows, rs,
-                   cols, out.q, out.q_stride,
-                   spec.kind == AQuant::kTensorStatic ? spec.static_scale : nullptr, spec.amax_ws,
-                   out.s);
+      quant_tensor_kernel<T><<<grid, 256, 0, stream>>>(
+          src, src_stride, rows, rs, cols, out.q, out.q_stride,
+          spec.kind == AQuant::kTensorStatic ? spec.static_scale : nullptr, spec.amax_ws, out.s);
       break;
     }
   }
@@ -75,13 +73,13 @@ void launch_quant_scatter(const QuantSpec& spec, const void* src, bool src_f32, 
     throw NotImplementedError("cuda: the scattering quantisation runs 1 x 128 dynamic groups only");
   const unsigned blocks = static_cast<unsigned>(ceil_div(int64_t(M) * (cols / 8), 256));
   if (src_f32)
-    launch_chain(quant_group_scatter_kernel<float, 128>, dim3(blocks), dim3(256), 0, stream,
-                 static_cast<const float*>(src), src_stride, M, topk, pair_pos, rs, cols, out.q,
-                 out.q_stride, out.s, out.s_stride, spec.ue8m0 ? 1 : 0, spec.min_scale);
+    quant_group_scatter_kernel<float, 128><<<blocks, 256, 0, stream>>>(
+        static_cast<const float*>(src), src_stride, M, topk, pair_pos, rs, cols, out.q,
+        out.q_stride, out.s, out.s_stride, spec.ue8m0 ? 1 : 0, spec.min_scale);
   else
-    launch_chain(quant_group_scatter_kernel<uint16_t, 128>, dim3(blocks), dim3(256), 0, stream,
-                 static_cast<const uint16_t*>(src), src_stride, M, topk, pair_pos, rs, cols, out.q,
-                 out.q_stride, out.s, out.s_stride, spec.ue8m0 ? 1 : 0, spec.min_scale);
+    quant_group_scatter_kernel<uint16_t, 128><<<blocks, 256, 0, stream>>>(
+        static_cast<const uint16_t*>(src), src_stride, M, topk, pair_pos, rs, cols, out.q,
+        out.q_stride, out.s, out.s_stride, spec.ue8m0 ? 1 : 0, spec.min_scale);
   FP8MOE_CUDA_CHECK_LAUNCH();
 }
 
@@ -97,13 +95,13 @@ void launch_act_quant(const uint16_t* y1, int64_t y1_stride, const RowSet& rows,
         "and 1 x 128 dynamic groups only");
   const unsigned blocks = static_cast<unsigned>(ceil_div(int64_t(rows.num_rows) * (I / 8), 256));
   if (h_f32)
-    launch_chain(act_quant_group_kernel<true>, dim3(blocks), dim3(256), 0, stream, y1, y1_stride,
-                 rows, I, ap, out.q, out.q_stride, out.s, out.s_stride, spec.ue8m0 ? 1 : 0,
-                 spec.min_scale);
+    act_quant_group_kernel<true><<<blocks, 256, 0, stream>>>(y1, y1_stride, rows, I, ap, out.q,
+                                                             out.q_stride, out.s, out.s_stride,
+                                                             spec.ue8m0 ? 1 : 0, spec.min_scale);
   else
-    launch_chain(act_quant_group_kernel<false>, dim3(blocks), dim3(256), 0, stream, y1, y1_stride,
-                 rows, I, ap, out.q, out.q_stride, out.s, out.s_stride, spec.ue8m0 ? 1 : 0,
-                 spec.min_scale);
+    act_quant_group_kernel<false><<<blocks, 256, 0, stream>>>(y1, y1_stride, rows, I, ap, out.q,
+                                                              out.q_stride, out.s, out.s_stride,
+                                                              spec.ue8m0 ? 1 : 0, spec.min_scale);
   FP8MOE_CUDA_CHECK_LAUNCH();
 }
 
@@ -112,9 +110,9 @@ void launch_activation(const void* y1, bool y1_f32, int64_t y1_stride, const Row
                        cudaStream_t stream) {
   if (rows.num_rows == 0) return;
   const dim3 grid(rows.num_rows, static_cast<unsigned>(std::min<int64_t>(ceil_div(I, 256), 32)));
-#define FP8MOE_ACT(TI, TO)                                                                        \
-  launch_chain(activation_kernel<TI, TO>, grid, dim3(256), 0, stream, static_cast<const TI*>(y1), \
-               y1_stride, rows, I, ap, static_cast<TO*>(h), h_stride)
+#define FP8MOE_ACT(TI, TO)                                                                         \
+  activation_kernel<TI, TO><<<grid, 256, 0, stream>>>(static_cast<const TI*>(y1), y1_stride, rows, \
+                                                      I, ap, static_cast<TO*>(h), h_stride)
   if (y1_f32) {
     if (h_f32)
       FP8MOE_ACT(float, float);

@@ -82,8 +82,6 @@ __global__ void __launch_bounds__(256)
     quant_group_kernel(const T* __restrict__ src, int64_t src_stride, RowSet rows, RowScale rs,
                        int cols, uint8_t* __restrict__ q, int64_t q_stride,
                        float* __restrict__ s_out, int64_t s_stride, int ue8m0, float min_scale) {
-  pdl_wait();  // the previous kernel of the chain is done (see launch_chain)
-  pdl_trigger();
   constexpr int kTpg = kGroup / 8;
   const int c8_per_row = cols / 8;
   const int64_t idx = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
@@ -120,8 +118,6 @@ __global__ void __launch_bounds__(256)
                                const int32_t* __restrict__ pair_pos, RowScale rs, int cols,
                                uint8_t* __restrict__ q, int64_t q_stride, float* __restrict__ s_out,
                                int64_t s_stride, int ue8m0, float min_scale) {
-  pdl_wait();
-  pdl_trigger();
   constexpr int kTpg = kGroup / 8;
   const int c8_per_row = cols / 8;
   const int64_t idx = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
@@ -156,8 +152,6 @@ __global__ void __launch_bounds__(256)
     quant_token_kernel(const T* __restrict__ src, int64_t src_stride, RowSet rows, RowScale rs,
                        int cols, uint8_t* __restrict__ q, int64_t q_stride,
                        float* __restrict__ s_out) {
-  pdl_wait();  // the previous kernel of the chain is done (see launch_chain)
-  pdl_trigger();
   const int row = blockIdx.x;
   if (!row_valid(rows, row)) return;
   __shared__ float red[8];
@@ -186,8 +180,6 @@ template <typename T>
 __global__ void __launch_bounds__(256)
     amax_kernel(const T* __restrict__ src, int64_t src_stride, RowSet rows, RowScale rs, int cols,
                 unsigned int* __restrict__ amax_bits) {
-  pdl_wait();  // the previous kernel of the chain is done (see launch_chain)
-  pdl_trigger();
   const int row = blockIdx.x;  // rows on x: the sorted layout can exceed gridDim.y's limit
   if (!row_valid(rows, row)) return;
   const int sr = src_row(rows, row);
@@ -209,8 +201,6 @@ __global__ void __launch_bounds__(256)
                         int cols, uint8_t* __restrict__ q, int64_t q_stride,
                         const float* __restrict__ static_scale,
                         const unsigned int* __restrict__ amax_bits, float* __restrict__ s_out) {
-  pdl_wait();  // the previous kernel of the chain is done (see launch_chain)
-  pdl_trigger();
   const int row = blockIdx.x;
   const float s = static_scale ? static_scale[0] : __uint_as_float(*amax_bits) / kFp8Max;
   const float inv = 1.0f / s;  // scaled_fp8_conversion multiplies by the inverse scale
@@ -309,8 +299,6 @@ template <typename TIn, typename TOut>
 __global__ void __launch_bounds__(256)
     activation_kernel(const TIn* __restrict__ y1, int64_t y1_stride, RowSet rows, int I,
                       ActParams ap, TOut* __restrict__ h, int64_t h_stride) {
-  pdl_wait();  // the previous kernel of the chain is done (see launch_chain)
-  pdl_trigger();
   const int row = blockIdx.x;
   if (!row_valid(rows, row)) return;
   const TIn* y = y1 + int64_t(row) * y1_stride;
@@ -344,8 +332,6 @@ __global__ void __launch_bounds__(256)
                            ActParams ap, uint8_t* __restrict__ q, int64_t q_stride,
                            float* __restrict__ s_out, int64_t s_stride, int ue8m0,
                            float min_scale) {
-  pdl_wait();  // the previous kernel of the chain is done (see launch_chain)
-  pdl_trigger();
   constexpr int kTpg = 128 / 8;
   const int c8_per_row = I / 8;
   const int64_t idx = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;

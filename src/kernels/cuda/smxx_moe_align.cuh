@@ -39,8 +39,6 @@ static __global__ void __launch_bounds__(kAlignThreads)
                      int32_t* __restrict__ expert_blk, int32_t* __restrict__ meta,
                      int32_t* __restrict__ expert_count, int32_t* __restrict__ expert_off,
                      int32_t* __restrict__ pair_pos) {
-  pdl_wait();  // the previous kernel of the chain is done (see launch_chain)
-  pdl_trigger();
   extern __shared__ int32_t align_smem[];
   int32_t* cnt = align_smem;            // E_local
   int32_t* off = align_smem + E_local;  // E_local + 1
@@ -129,8 +127,6 @@ static __global__ void __launch_bounds__(256)
     batched_rows_kernel(const int32_t* __restrict__ counts, int E_local, int T, int T_pad, int bm,
                         int32_t* __restrict__ sorted_ids, int32_t* __restrict__ expert_blk,
                         int32_t* __restrict__ meta) {
-  pdl_wait();  // the previous kernel of the chain is done (see launch_chain)
-  pdl_trigger();
   const int64_t n = int64_t(E_local) * T_pad;
   const int sentinel = E_local * T;
   for (int64_t p = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; p < n;

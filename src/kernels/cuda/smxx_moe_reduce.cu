@@ -9,9 +9,10 @@ void launch_moe_sum(const void* y2, bool y2_f32, const int32_t* topk_ids, const 
                     cudaStream_t stream) {
   if (M == 0) return;
   const dim3 grid(M, static_cast<unsigned>(ceil_div(H, 256 * 8)));
-#define FP8MOE_SUM(TY, TO)                                                                     \
-  launch_chain(moe_sum_kernel<TY, TO>, grid, dim3(256), 0, stream, static_cast<const TY*>(y2), \
-               topk_ids, expert_map, E_global, E_local, M, topk, H, static_cast<TO*>(out))
+#define FP8MOE_SUM(TY, TO)                                                                    \
+  moe_sum_kernel<TY, TO><<<grid, 256, 0, stream>>>(static_cast<const TY*>(y2), topk_ids,      \
+                                                   expert_map, E_global, E_local, M, topk, H, \
+                                                   static_cast<TO*>(out))
   if (y2_f32) {
     if (out_f32)
       FP8MOE_SUM(float, float);

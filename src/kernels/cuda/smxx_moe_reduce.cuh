@@ -14,8 +14,6 @@ __global__ void __launch_bounds__(256)
     moe_sum_kernel(const TY* __restrict__ y2, const int32_t* __restrict__ topk_ids,
                    const int32_t* __restrict__ expert_map, int E_global, int E_local, int M,
                    int topk, int H, TO* __restrict__ out) {
-  pdl_wait();  // the previous kernel of the chain is done (see launch_chain)
-  pdl_trigger();
   const int t = blockIdx.x;
   const int c0 = (blockIdx.y * blockDim.x + threadIdx.x) * 8;
   if (t >= M || c0 >= H) return;

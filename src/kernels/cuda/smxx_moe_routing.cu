@@ -18,7 +18,9 @@ __host__ __device__ constexpr int route_threads(int E) {
 // One block per token.
 __global__ void __launch_bounds__(1024)
     moe_route_kernel(RoutingParams rp, int E, int topk, int32_t* topk_ids, float* topk_w) {
-  pdl_wait();  // the previous kernel of the chain is done (see launch_chain)
+  // The stream path launches its prep kernel right after this one with programmatic dependent
+  // launch (it waits for this grid in pdl_wait): let it launch early. No effect on the chains,
+  // whose next kernel launches plainly.
   pdl_trigger();
   extern __shared__ __align__(16) unsigned char route_smem[];
   const int t = blockIdx.x;
@@ -31,8 +33,8 @@ __global__ void __launch_bounds__(1024)
 void launch_route(const RoutingParams& rp, int M, int E, int topk, int32_t* ids, float* w,
                   cudaStream_t stream) {
   if (M == 0) return;
-  launch_chain(moe_route_kernel, dim3(static_cast<unsigned>(M)), dim3(route_threads(E)),
-               route_smem_bytes(E), stream, rp, E, topk, ids, w);
+  moe_route_kernel<<<static_cast<unsigned>(M), route_threads(E), route_smem_bytes(E), stream>>>(
+      rp, E, topk, ids, w);
   FP8MOE_CUDA_CHECK_LAUNCH();
 }
 
