@@ -19,6 +19,7 @@
 #include <cstring>
 #include <random>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "common/moe_testing.hpp"
@@ -306,10 +307,12 @@ INSTANTIATE_TEST_SUITE_P(TileM, CudaGroupedGemm,
                          [](const auto& info) { return tile_name(info.param); });
 
 // GEMM1 with the fused activation + 1x128 quantisation epilogue (fuse_act, the 256 tile with
-// paired gate/up halves) against the unfused chain on the same device (GEMM1 with bf16 output,
-// launch_activation, launch_quant): q and the group scales must be bitwise equal, on random
-// non-exact data, for several activations, the fused SiLU+quant semantics (h in f32, scale floor),
-// UE8M0 scales and bias; contiguous with padding rows and masked with empty / partial experts.
+// paired gate/up halves), and launch_act_quant (the grouped chain's activation + quantisation in
+// one kernel) on GEMM1's bf16 output, against the two-kernel chain on the same device (GEMM1 with
+// bf16 output, launch_activation, launch_quant): q and the group scales must be bitwise equal, on
+// random non-exact data, for several activations, the fused SiLU+quant semantics (h in f32, scale
+// floor), UE8M0 scales and bias; contiguous with padding rows and masked with empty / partial
+// experts.
 struct FuseCase {
   std::string name;
   cuda::Act act;
@@ -424,7 +427,9 @@ TEST_P(CudaGroupedFusedAct, BitwiseEqualToTheUnfusedChain) {
   Tensor q1 = Tensor::empty({rows, I}, DType::kU8, Device::cuda());
   Tensor s0 = Tensor::empty({rows, I / 128}, DType::kF32, Device::cuda());
   Tensor s1 = Tensor::empty({rows, I / 128}, DType::kF32, Device::cuda());
-  for (Tensor* t : {&q0, &q1, &s0, &s1})
+  Tensor q2 = Tensor::empty({rows, I}, DType::kU8, Device::cuda());
+  Tensor s2 = Tensor::empty({rows, I / 128}, DType::kF32, Device::cuda());
+  for (Tensor* t : {&q0, &q1, &s0, &s1, &q2, &s2})
     ASSERT_EQ(cudaMemset(t->data(), 0xFF, t->nbytes()), cudaSuccess);
   // unfused
   {
@@ -445,6 +450,11 @@ TEST_P(CudaGroupedFusedAct, BitwiseEqualToTheUnfusedChain) {
                        cuda::QuantOut{static_cast<uint8_t*>(q0.data()), I,
                                       static_cast<float*>(s0.data()), I / 128},
                        nullptr);
+    // the same activation + quantisation in one kernel (h never written)
+    cuda::launch_act_quant(static_cast<const uint16_t*>(y1.data()), N, rs, I, ap, h_f32, qs,
+                           cuda::QuantOut{static_cast<uint8_t*>(q2.data()), I,
+                                          static_cast<float*>(s2.data()), I / 128},
+                           nullptr);
   }
   // fused
   {
@@ -463,29 +473,38 @@ TEST_P(CudaGroupedFusedAct, BitwiseEqualToTheUnfusedChain) {
                               nullptr);
   }
   ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
-  const Tensor hq0 = q0.to(Device::cpu()), hq1 = q1.to(Device::cpu());
-  const Tensor hs0 = s0.to(Device::cpu()), hs1 = s1.to(Device::cpu());
-  int64_t bad_q = 0, bad_s = 0, stored = 0;
-  for (int64_t r = 0; r < rows; ++r) {
-    for (int c = 0; c < I / 128; ++c) {
-      const float x0 = hs0.ptr<float>()[r * (I / 128) + c],
-                  x1 = hs1.ptr<float>()[r * (I / 128) + c];
-      uint32_t b0, b1;
-      std::memcpy(&b0, &x0, 4);
-      std::memcpy(&b1, &x1, 4);
-      if (b0 != b1 && bad_s++ < 5)
-        ADD_FAILURE() << "row " << r << " group " << c << ": scale " << x1 << " want " << x0;
-      stored += b0 != 0xFFFFFFFFu;
-    }
-    for (int c = 0; c < I; ++c) {
-      const uint8_t x0 = hq0.ptr<uint8_t>()[r * I + c], x1 = hq1.ptr<uint8_t>()[r * I + c];
-      if (x0 != x1 && bad_q++ < 5)
-        ADD_FAILURE() << "row " << r << " col " << c << ": q 0x" << std::hex << int(x1)
-                      << " want 0x" << int(x0);
-    }
+  const Tensor hq0 = q0.to(Device::cpu()), hs0 = s0.to(Device::cpu());
+  int64_t stored = 0;
+  for (int64_t i = 0; i < rows * (I / 128); ++i) {
+    uint32_t b0;
+    std::memcpy(&b0, hs0.ptr<float>() + i, 4);
+    stored += b0 != 0xFFFFFFFFu;
   }
-  EXPECT_EQ(bad_q, 0);
-  EXPECT_EQ(bad_s, 0);
+  for (const auto& [what, q, s] :
+       {std::tuple{"fused epilogue", &q1, &s1}, std::tuple{"launch_act_quant", &q2, &s2}}) {
+    SCOPED_TRACE(what);
+    const Tensor hq1 = q->to(Device::cpu()), hs1 = s->to(Device::cpu());
+    int64_t bad_q = 0, bad_s = 0;
+    for (int64_t r = 0; r < rows; ++r) {
+      for (int c = 0; c < I / 128; ++c) {
+        const float x0 = hs0.ptr<float>()[r * (I / 128) + c],
+                    x1 = hs1.ptr<float>()[r * (I / 128) + c];
+        uint32_t b0, b1;
+        std::memcpy(&b0, &x0, 4);
+        std::memcpy(&b1, &x1, 4);
+        if (b0 != b1 && bad_s++ < 5)
+          ADD_FAILURE() << "row " << r << " group " << c << ": scale " << x1 << " want " << x0;
+      }
+      for (int c = 0; c < I; ++c) {
+        const uint8_t x0 = hq0.ptr<uint8_t>()[r * I + c], x1 = hq1.ptr<uint8_t>()[r * I + c];
+        if (x0 != x1 && bad_q++ < 5)
+          ADD_FAILURE() << "row " << r << " col " << c << ": q 0x" << std::hex << int(x1)
+                        << " want 0x" << int(x0);
+      }
+    }
+    EXPECT_EQ(bad_q, 0);
+    EXPECT_EQ(bad_s, 0);
+  }
   const int64_t want_stored =
       (fc.masked ? int64_t(0 + 200 + 57 + 129) : int64_t(num_valid)) * (I / 128);
   EXPECT_EQ(stored, want_stored) << "the unfused chain stores every valid row";

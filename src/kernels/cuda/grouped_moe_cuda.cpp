@@ -1,7 +1,8 @@
 // "cuda_grouped" and "cuda_grouped_masked" (grouped_moe_cuda.hpp): the host chain around the
-// Hopper FP8 grouped GEMM. Routing, alignment, quantisation, activation and the top-k sum reuse
-// the shared kernels of the CUDA fused MoE (moe_launchers.hpp), so the numerics around the GEMMs
-// are the reference's (spec/numerics.md §3-§6) exactly as in cuda_fused.
+// Hopper FP8 grouped GEMM. Routing, alignment, quantisation, activation and the top-k sum are the
+// shared kernels of the CUDA fused MoE (moe_launchers.hpp; x quantised once per token into its
+// pairs' sorted rows, the activation and the quantisation of h in one kernel), so the numerics
+// around the GEMMs are the reference's (spec/numerics.md §3-§6) exactly as in cuda_fused.
 #include "grouped_moe_cuda.hpp"
 
 #include <fmt/format.h>
@@ -57,41 +58,15 @@ bool fuse_act_wanted(int64_t bm) {
   return env && bm == 128;
 }
 
-// FP8MOE_GROUPED_QSCATTER=1: x is quantised once per token and written to its pairs' sorted rows
-// (launch_quant_scatter) instead of once per padded sorted row (opt-in until run on the card).
-bool qscatter_wanted() {
-  static const bool env = [] {
-    const char* v = std::getenv("FP8MOE_GROUPED_QSCATTER");
-    return v && v[0] == '1';
-  }();
-  return env;
-}
-
-// FP8MOE_GROUPED_ACTQ=1: the activation and the quantisation of h in one kernel
-// (launch_act_quant; h is never written) instead of two (opt-in until run on the card).
-bool actq_wanted() {
-  static const bool env = [] {
-    const char* v = std::getenv("FP8MOE_GROUPED_ACTQ");
-    return v && v[0] == '1';
-  }();
-  return env;
-}
-
 // Between the GEMMs (unless GEMM1's epilogue fused it): the activation of y1 (rows, 2 I) and the
-// 1 x 128 quantisation of h into qh / sh, as two kernels through the h buffer, or as one
-// (FP8MOE_GROUPED_ACTQ).
-void act_then_quant(const MoeProblem& p, const void* y1, const RowSet& rows, void* h,
-                    unsigned* amax, uint8_t* qh, float* sh, cudaStream_t st) {
-  const bool h_f32 = p.fused_silu_quant;
-  const QuantOut out{qh, p.I, sh, p.I / 128};
-  if (actq_wanted()) {
-    launch_act_quant(static_cast<const uint16_t*>(y1), p.N1, rows, static_cast<int>(p.I), p.ap,
-                     h_f32, group_quant(p, true, amax), out, st);
-    return;
-  }
-  launch_activation(y1, false, p.N1, rows, static_cast<int>(p.I), p.ap, h, h_f32, p.I, st);
-  launch_quant(group_quant(p, true, amax), h, h_f32, p.I, rows, RowScale{}, static_cast<int>(p.I),
-               out, st);
+// 1 x 128 quantisation of h into qh / sh in one kernel (launch_act_quant: h is never written;
+// bitwise what launch_activation + launch_quant give, h rounded to bf16 or kept f32 for the fused
+// SiLU+quant semantics). Measured faster than the two kernels on the H200 (docs/PERFORMANCE.md).
+void act_then_quant(const MoeProblem& p, const void* y1, const RowSet& rows, unsigned* amax,
+                    uint8_t* qh, float* sh, cudaStream_t st) {
+  launch_act_quant(static_cast<const uint16_t*>(y1), p.N1, rows, static_cast<int>(p.I), p.ap,
+                   p.fused_silu_quant, group_quant(p, true, amax), QuantOut{qh, p.I, sh, p.I / 128},
+                   st);
 }
 
 // GEMM1's fused epilogue: the same activation and quantisation as launch_activation + launch_quant
@@ -183,33 +158,29 @@ void run_contiguous_chunk(const MoeProblem& p, const void* x, void* out, const v
     ids = rid;
     tw = rw;
   }
-  // permute: per-expert chunks aligned to 128 rows
-  const bool qscatter = qscatter_wanted() && p.gk == 128;
-  const AlignOut al{reinterpret_cast<int32_t*>(ws + L.sorted),
-                    reinterpret_cast<int32_t*>(ws + L.blk),
-                    reinterpret_cast<int32_t*>(ws + L.meta),
-                    reinterpret_cast<int32_t*>(ws + L.cnt),
-                    reinterpret_cast<int32_t*>(ws + L.eoff),
-                    qscatter ? reinterpret_cast<int32_t*>(ws + L.ppos) : nullptr};
+  // permute: per-expert chunks aligned to bm rows; the alignment also writes each pair's sorted
+  // position (pair_pos) for the quantisation of x below
+  const AlignOut al{
+      reinterpret_cast<int32_t*>(ws + L.sorted), reinterpret_cast<int32_t*>(ws + L.blk),
+      reinterpret_cast<int32_t*>(ws + L.meta),   reinterpret_cast<int32_t*>(ws + L.cnt),
+      reinterpret_cast<int32_t*>(ws + L.eoff),   reinterpret_cast<int32_t*>(ws + L.ppos)};
   launch_align(ids, pairs, p.expert_map, static_cast<int>(p.E_global), static_cast<int>(p.E),
                static_cast<int>(bm), static_cast<int>(L.capacity), 0, al, st);
   unsigned* amax = reinterpret_cast<unsigned*>(ws + L.amax);
-  // x quantised straight into the permuted order (row p = token sorted_ids[p] / topk)
+  // x quantised straight into the permuted order (row p = token sorted_ids[p] / topk): each token
+  // once, written to the sorted rows of its pairs (launch_quant_scatter; bitwise what quantising
+  // every valid sorted row would give; measured faster on the H200: docs/PERFORMANCE.md). It runs
+  // 1 x 128 groups only, the only ones this chain takes (limit_of; require() has checked
+  // p.gk == 128), so no other group size needs a fallback. Padding rows stay unwritten: the
+  // GEMMs never store their outputs.
   uint8_t* qx = ws + L.qxs;
   float* sx = reinterpret_cast<float*>(ws + L.sxs);
   {
     RowScale rs;
     if (p.router_on_input) rs.w = tw;
-    if (qscatter) {
-      launch_quant_scatter(group_quant(p, false, amax), x, false, p.H, static_cast<int>(m),
-                           static_cast<int>(p.topk), al.pair_pos, rs, static_cast<int>(p.H),
-                           QuantOut{qx, p.H, sx, p.H / 128}, st);
-    } else {
-      const RowSet rows{al.sorted_ids, al.meta, static_cast<int32_t>(L.capacity), pairs,
-                        static_cast<int32_t>(p.topk)};
-      launch_quant(group_quant(p, false, amax), x, false, p.H, rows, rs, static_cast<int>(p.H),
-                   QuantOut{qx, p.H, sx, p.H / 128}, st);
-    }
+    launch_quant_scatter(group_quant(p, false, amax), x, false, p.H, static_cast<int>(m),
+                         static_cast<int>(p.topk), al.pair_pos, rs, static_cast<int>(p.H),
+                         QuantOut{qx, p.H, sx, p.H / 128}, st);
   }
   const int64_t max_mblk = L.capacity / bm;
   void* y1 = ws + L.y1;
@@ -230,7 +201,7 @@ void run_contiguous_chunk(const MoeProblem& p, const void* x, void* out, const v
   }
   if (!fuse)
     act_then_quant(p, y1, RowSet{al.sorted_ids, al.meta, static_cast<int32_t>(L.capacity), pairs},
-                   ws + L.h, amax, qh, sh, st);
+                   amax, qh, sh, st);
   void* y2 = ws + L.y2;
   {
     GroupedGemmParams g = gemm_params(p.w2, p.H, p.I, L.capacity, sh);
@@ -333,7 +304,7 @@ MaskedProblem masked_problem(const FusedMoeArgs& a) {
 }
 
 struct MaskedLayout {
-  std::size_t ids = 0, meta = 0, qx = 0, sx = 0, y1 = 0, h = 0, qh = 0, sh = 0, amax = 0, total = 0;
+  std::size_t ids = 0, meta = 0, qx = 0, sx = 0, y1 = 0, qh = 0, sh = 0, amax = 0, total = 0;
 };
 MaskedLayout masked_layout(const MoeProblem& p, int64_t rows) {
   MaskedLayout L;
@@ -348,7 +319,6 @@ MaskedLayout masked_layout(const MoeProblem& p, int64_t rows) {
   L.qx = take(rows * p.H);
   L.sx = take(std::max<int64_t>(1, rows * (p.H / 128)) * 4);
   L.y1 = take(rows * p.N1 * 2);
-  L.h = take(rows * p.I * (p.fused_silu_quant ? 4 : 2));
   L.qh = take(rows * p.I);
   L.sh = take(std::max<int64_t>(1, rows * (p.I / 128)) * 4);
   L.amax = take(16);
@@ -403,7 +373,7 @@ void run_masked(const FusedMoeArgs& args, void* workspace) {
     if (fuse) set_fused_act(g, p, qh, sh);
     launch_grouped_gemm(g, qx, p.w1.w, p.E * p.N1, max_mblk, st);
   }
-  if (!fuse) act_then_quant(p, y1, vrows, ws + L.h, amax, qh, sh, st);
+  if (!fuse) act_then_quant(p, y1, vrows, amax, qh, sh, st);
   {
     GroupedGemmParams g = gemm_params(p.w2, p.H, p.I, rows, sh);
     g.tile_m = static_cast<int32_t>(bm);
