@@ -707,7 +707,7 @@ std::vector<ExactCase> single_cases() {
   for (int64_t M : {1, 2, 8}) add("block128_M" + std::to_string(M), base_exact(M, 8, 256, 256, 2));
   add("topk8_E32_M8", base_exact(8, 32, 256, 128, 8));
   add("I384_H640", base_exact(3, 8, 640, 384, 2));  // GEMM1: one 640-byte stage; GEMM2: 2 / stage
-  add("I1024_H1152", base_exact(5, 8, 1152, 1024, 2));  // GEMM1: 1024 + 128; GEMM2: 1 / stage
+  add("I1024_H1024", base_exact(5, 8, 1024, 1024, 2));  // GEMM2: 1 expert / stage
   {
     auto s = base_exact(6, 16, 256, 128, 2);
     s.routing = RoutingPattern::kLogits;
@@ -842,7 +842,7 @@ TEST(CudaSinglePathEdges, DeclinesWhatItCannotCompute) {
     s.scheme.group_k = 64;
     v.push_back({"refined_block64", s, "weights must carry 128x128 block scales"});
   }
-  v.push_back({"I2048", base_exact(1, 4, 256, 2048, 2),
+  v.push_back({"I2048", base_stat(1, 4, 256, 2048, 2),  // exact mode stops at 1024
                "intermediate above 1024 (one GEMM2 stage per expert row block)"});
   for (const Decline& c : v) {
     const MoeTestProblem p = testing::make_problem(c.spec);
