@@ -10,7 +10,8 @@
 // measured ceilings. Output: a table on stdout and a CSV (--csv FILE).
 //
 //   bench_cuda_moe [--quick] [--csv FILE] [--shape NAME] [--m LIST] [--path
-//   auto|generic|wgmma|stream|grouped[,...]]   (a list measures each path that takes the problem)
+//   auto|generic|wgmma|stream|grouped|single[,...]]   (a list measures each path that takes the
+//   problem)
 #include <cublasLt.h>
 #include <cuda_runtime.h>
 
@@ -325,6 +326,8 @@ int main(int argc, char** argv) {
       paths.push_back(cuda::Path::kStream);
     else if (n == "grouped")
       paths.push_back(cuda::Path::kGrouped);
+    else if (n == "single")
+      paths.push_back(cuda::Path::kSingle);
     else if (n == "auto")
       paths.push_back(cuda::Path::kAuto);
     else {
@@ -571,8 +574,9 @@ int main(int argc, char** argv) {
                       L;
           // GEMM-only: precomputed routing; generic/wgmma paths launch only the two GEMM kernels
           // over each layer's workspace, filled by an untimed run first. The grouped path has no
-          // GEMM-only mode here (bench_cuda_grouped times its GEMMs): gemm_us stays 0.
-          if (r.path != std::string("grouped")) {
+          // GEMM-only mode here (bench_cuda_grouped times its GEMMs), the single path is one
+          // kernel: gemm_us stays 0.
+          if (r.path != std::string("grouped") && r.path != std::string("single")) {
             for (int l = 0; l < L; ++l) impl.run(make_args(l, true), ws[l]);
             CK(cudaStreamSynchronize(st));
             cuda::set_bench_gemm_only(true);  // stream: GEMM1 + GEMM2 (+ top-k sum)

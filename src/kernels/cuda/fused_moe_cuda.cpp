@@ -40,6 +40,8 @@ const char* path_name(Path p) {
       return "stream";
     case Path::kGrouped:
       return "grouped";
+    case Path::kSingle:
+      return "single";
   }
   return "?";
 }
@@ -55,8 +57,9 @@ Path env_path() {
     if (std::strcmp(v, "wgmma") == 0) return Path::kWgmma;
     if (std::strcmp(v, "stream") == 0) return Path::kStream;
     if (std::strcmp(v, "grouped") == 0) return Path::kGrouped;
+    if (std::strcmp(v, "single") == 0) return Path::kSingle;
     throw ValueError(fmt::format(
-        "FP8MOE_CUDA_PATH='{}' is not one of auto, generic, wgmma, stream, grouped", v));
+        "FP8MOE_CUDA_PATH='{}' is not one of auto, generic, wgmma, stream, grouped, single", v));
   }();
   return p;
 }
@@ -96,6 +99,8 @@ std::string path_limit(Path p, const FusedMoeArgs& args) {
       return stream_path_limit(prob);
     case Path::kGrouped:
       return grouped_path_limit(prob);
+    case Path::kSingle:
+      return single_path_limit(prob);
   }
   return "unknown path";
 }
@@ -124,10 +129,12 @@ Path choose(const MoeProblem& p, std::string* why = nullptr) {
     const Path t = cfg->path == "wgmma"     ? Path::kWgmma
                    : cfg->path == "stream"  ? Path::kStream
                    : cfg->path == "grouped" ? Path::kGrouped
+                   : cfg->path == "single"  ? Path::kSingle
                                             : Path::kGeneric;
     if (t == Path::kGeneric || (t == Path::kWgmma && wgmma_path_limit(p).empty()) ||
         (t == Path::kStream && stream_path_limit(p).empty()) ||
-        (t == Path::kGrouped && grouped_path_limit(p).empty())) {
+        (t == Path::kGrouped && grouped_path_limit(p).empty()) ||
+        (t == Path::kSingle && single_path_limit(p).empty())) {
       if (why)
         *why = fmt::format("tuned table (FP8MOE_CUDA_TUNING): {} E={} N={} K={} M bucket {}",
                            device_name(), p.E, p.I, p.H, tuning_bucket(p.M));
@@ -535,6 +542,7 @@ std::size_t workspace_size(const FusedMoeArgs& args) {
   n = std::max(n, wgmma_workspace(p));
   n = std::max(n, stream_workspace(p));
   if (p.M > 0 && grouped_path_limit(p).empty()) n = std::max(n, grouped_problem_workspace(p));
+  n = std::max(n, single_workspace(p));
   return n;
 }
 
@@ -563,6 +571,14 @@ void run(const FusedMoeArgs& args, void* workspace) {
       if (g_gemm_only.load())
         throw NotImplementedError("cuda_fused grouped path: no GEMM-only benchmark mode");
       run_grouped_problem(p, workspace);
+      return;
+    }
+    case Path::kSingle: {
+      const std::string why = single_path_limit(p);
+      if (!why.empty()) throw NotImplementedError("cuda_fused single path: " + why);
+      if (g_gemm_only.load())
+        throw NotImplementedError("cuda_fused single path: no GEMM-only benchmark mode");
+      run_single(p, workspace);
       return;
     }
     default:

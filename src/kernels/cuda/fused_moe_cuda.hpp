@@ -35,6 +35,9 @@ enum class Path : int {
   // sm_90, B128 scheme: the warp-specialised grouped GEMMs of the DEEPGEMM contract
   // (grouped_moe_cuda.cpp) over the same routing, quantisation and activation kernels
   kGrouped = 5,
+  // sm_90, decode batches (M <= 8) of the block-FP8 scheme: the whole layer in one persistent
+  // cooperative kernel (sm90_fp8_moe_single.cu)
+  kSingle = 6,
 };
 const char* path_name(Path p);
 // Forces a path for the following calls in this process (tests, benchmarks); kAuto restores the

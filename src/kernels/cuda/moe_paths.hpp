@@ -22,4 +22,11 @@ bool stream_path_preferred(const MoeProblem& p);
 std::size_t stream_workspace(const MoeProblem& p);
 void run_stream(const MoeProblem& p, void* workspace, bool gemm_only);
 
+// The whole layer of a decode batch (M <= 8, block FP8) in one persistent cooperative kernel:
+// bulk-copy weight ring, grid-wide waits only for the routing and for GEMM1
+// (sm90_fp8_moe_single.cu).
+std::string single_path_limit(const MoeProblem& p);
+std::size_t single_workspace(const MoeProblem& p);
+void run_single(const MoeProblem& p, void* workspace);
+
 }  // namespace fp8moe::cuda

@@ -100,7 +100,8 @@ std::vector<TuningEntry> read_tuning_file(const std::string& file) {
         if (c.path == "decode")  // the persistent decode path is gone (slower than stream)
           throw FormatError(
               "path 'decode' was removed; re-run bench_cuda_moe --tune to rewrite the table");
-        if (c.path != "generic" && c.path != "wgmma" && c.path != "stream" && c.path != "grouped")
+        if (c.path != "generic" && c.path != "wgmma" && c.path != "stream" && c.path != "grouped" &&
+            c.path != "single")
           throw FormatError(fmt::format("unknown path '{}'", c.path));
         e.by_bucket.emplace_back(std::stoll(m), c);
       }

@@ -13,7 +13,7 @@
 namespace fp8moe::cuda {
 
 struct TunedConfig {
-  std::string path;  // "generic", "wgmma", "stream", "grouped"
+  std::string path;  // "generic", "wgmma", "stream", "grouped", "single"
 };
 
 struct TuningKey {

@@ -1,0 +1,162 @@
+// Host side of the single-kernel decode path (sm90_fp8_moe_single.cuh): what it takes, its
+// workspace, its shared-memory plan and the cooperative launch.
+#include <algorithm>
+#include <atomic>
+#include <string>
+
+#include "moe_paths.hpp"
+#include "sm90_fp8_moe_single.cuh"
+
+namespace fp8moe::cuda {
+
+namespace {
+
+constexpr int kSgMaxSmem = 232448;  // sm_90: 227 KB of dynamic shared memory per block (opt-in)
+constexpr int kSgMinStages = 4;
+
+struct SgDevice {
+  int sms = 0, coop = 0, cap = 0;
+};
+const SgDevice& sg_device() {
+  static const SgDevice d = [] {
+    SgDevice r;
+    int dev = 0, major = 0, minor = 0;
+    if (cudaGetDevice(&dev) != cudaSuccess) return r;
+    cudaDeviceGetAttribute(&r.sms, cudaDevAttrMultiProcessorCount, dev);
+    cudaDeviceGetAttribute(&r.coop, cudaDevAttrCooperativeLaunch, dev);
+    cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev);
+    cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev);
+    r.cap = 10 * major + minor;
+    return r;
+  }();
+  return d;
+}
+
+int64_t act_bytes(const MoeProblem& p) {
+  const int64_t P = p.M * p.topk;
+  const int64_t x = p.M * (p.H + 16) + p.M * (p.H / 128) * 4;
+  const int64_t h = P * (p.I + 16) + P * (p.I / 128) * 4;
+  return round_up(std::max(x, h), 16);
+}
+
+int stages(const MoeProblem& p) {
+  const int64_t left = kSgMaxSmem - kSgFixedBytes - act_bytes(p);
+  return static_cast<int>(
+      std::min<int64_t>(kSgMaxStages, std::max<int64_t>(left, 0) / kSgStageBytes));
+}
+
+int smem_bytes(const MoeProblem& p) {
+  return static_cast<int>(stages(p) * int64_t(kSgStageBytes) + act_bytes(p) + kSgFixedBytes);
+}
+
+bool aligned16(const void* ptr) { return (reinterpret_cast<uintptr_t>(ptr) & 15) == 0; }
+
+struct SgLayout {
+  std::size_t ids = 0, tw = 0, sync = 0, hbuf = 0, total = 0;
+};
+SgLayout layout(const MoeProblem& p) {
+  SgLayout L;
+  const int64_t P = p.M * p.topk;
+  std::size_t off = 0;
+  auto take = [&](std::size_t bytes) {
+    const std::size_t at = off;
+    off += (std::max<std::size_t>(bytes, 1) + 255) / 256 * 256;
+    return at;
+  };
+  L.ids = take(P * 4);
+  L.tw = take(P * 4);
+  L.sync = take(16);
+  L.hbuf = take(P * p.I * 4);
+  L.total = off;
+  return L;
+}
+
+}  // namespace
+
+std::string single_path_limit(const MoeProblem& p) {
+  const SgDevice& d = sg_device();
+  if (d.cap != 90) return "the single-kernel path runs on sm_90 (bulk copies, mbarriers) only";
+  if (!d.coop) return "the device cannot launch cooperative kernels";
+  if (p.M > kSgMaxM) return "more than " + std::to_string(kSgMaxM) + " tokens";
+  if (p.M * p.topk > kSgMaxPairs)
+    return "more than " + std::to_string(kSgMaxPairs) + " token-expert pairs";
+  if (p.x_f32) return "f32 activations";
+  if (!p.gated) return "non-gated activations";
+  if (static_cast<Act>(p.ap.act) == Act::kSwigluOai) return "interleaved gate/up rows";
+  if (p.router_on_input) return "router weight on the input";
+  if (p.w1.bias || p.w2.bias) return "biases";
+  for (const WeightSide* w : {&p.w1, &p.w2})
+    if (w->scale_kind != static_cast<int>(WScale::kBlock) || w->bn != 128 || w->bk != 128)
+      return "weights must carry 128x128 block scales";
+  if (p.aq1 != AQuant::kGroupDynamic || p.aq2 != AQuant::kGroupDynamic || p.gk != 128)
+    return "activations must be quantised in dynamic 1x128 groups";
+  if (p.H % 128 != 0 || p.I % 128 != 0) return "hidden and intermediate must be multiples of 128";
+  if (p.I > 1024) return "intermediate above 1024 (one GEMM2 stage per expert row block)";
+  if (!aligned16(p.x) || !aligned16(p.w1.w) || !aligned16(p.w2.w) || !aligned16(p.w1.scale) ||
+      !aligned16(p.w2.scale))
+    return "x, weights and weight scales must be 16-byte aligned";
+  if ((p.E * p.w1.scale_e_stride) % 4 != 0 || (p.E * p.w2.scale_e_stride) % 4 != 0)
+    return "weight scale tensors must be whole 16-byte words";
+  if (stages(p) < kSgMinStages) return "the tokens leave too little shared memory for the ring";
+  return {};
+}
+
+std::size_t single_workspace(const MoeProblem& p) {
+  if (p.M == 0 || !single_path_limit(p).empty()) return 0;
+  return layout(p).total;
+}
+
+void run_single(const MoeProblem& p, void* workspace) {
+  const SgLayout L = layout(p);
+  uint8_t* ws = static_cast<uint8_t*>(workspace);
+  SingleParams sp{};
+  sp.M = static_cast<int>(p.M);
+  sp.H = static_cast<int>(p.H);
+  sp.I = static_cast<int>(p.I);
+  sp.E = static_cast<int>(p.E);
+  sp.E_global = static_cast<int>(p.E_global);
+  sp.topk = static_cast<int>(p.topk);
+  sp.route = p.route_in_kernel;
+  sp.rp = p.rp;
+  sp.x = static_cast<const uint16_t*>(p.x);
+  sp.ids_in = p.topk_ids;
+  sp.tw_in = p.topk_w;
+  sp.ids_ws = reinterpret_cast<int32_t*>(ws + L.ids);
+  sp.tw_ws = reinterpret_cast<float*>(ws + L.tw);
+  sp.expert_map = p.expert_map;
+  sp.w1 = p.w1;
+  sp.w2 = p.w2;
+  sp.w1_scale_end = p.w1.scale + p.E * p.w1.scale_e_stride;
+  sp.w2_scale_end = p.w2.scale + p.E * p.w2.scale_e_stride;
+  sp.ue8m0 = p.ue8m0;
+  sp.min_scale2 = p.fused_silu_quant ? 1.0f / (kFp8Max * 512.0f) : 0.0f;
+  sp.h_f32 = p.fused_silu_quant;
+  sp.ap = p.ap;
+  sp.nstages = stages(p);
+  sp.act_bytes = static_cast<int>(act_bytes(p));
+  sp.hbuf = reinterpret_cast<float*>(ws + L.hbuf);
+  sp.sync = reinterpret_cast<unsigned*>(ws + L.sync);
+  sp.out = static_cast<uint16_t*>(p.out);
+
+  const int smem = smem_bytes(p);
+  static std::atomic<int> configured{0};
+  if (smem > configured.load()) {
+    FP8MOE_CUDA_CHECK(
+        cudaFuncSetAttribute(moe_single_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+    configured.store(smem);
+  }
+  FP8MOE_CUDA_CHECK(cudaMemsetAsync(sp.sync, 0, 16, p.stream));
+  cudaLaunchConfig_t cfg{};
+  cfg.gridDim = dim3(static_cast<unsigned>(sg_device().sms));
+  cfg.blockDim = dim3(kSgThreads);
+  cfg.dynamicSmemBytes = static_cast<size_t>(smem);
+  cfg.stream = p.stream;
+  cudaLaunchAttribute attr[1];
+  attr[0].id = cudaLaunchAttributeCooperative;  // every CTA resident: the grid waits on itself
+  attr[0].val.cooperative = 1;
+  cfg.attrs = attr;
+  cfg.numAttrs = 1;
+  FP8MOE_CUDA_CHECK(cudaLaunchKernelEx(&cfg, moe_single_kernel, sp));
+}
+
+}  // namespace fp8moe::cuda

@@ -1,0 +1,549 @@
+// The "single" path of the CUDA fused MoE: the whole layer for a decode batch (M <= 8 tokens,
+// block-FP8 weights, 1x128 activation groups) in ONE persistent kernel, one CTA per SM, all CTAs
+// resident at once (cooperative launch).
+//
+// Why: at M = 1 the layer is a weight read (DeepSeek-V3 TP8: 44 MB, ~10 us at the card's read
+// bandwidth) but the multi-kernel paths pay a chain of dependent steps per kernel and per CTA
+// (routing -> alignment -> quantisation -> GEMM1 -> group quantisation -> GEMM2 -> reduction;
+// docs/PERFORMANCE.md runs 5-9: the stream path's GEMMs read at 16-32% of the bandwidth at M = 1).
+// Here every SM keeps its share of the weights in flight through a deep shared-memory ring filled
+// by bulk copies (cp.async.bulk, completing on mbarriers), and the only grid-wide waits are the
+// routing result and "every CTA has finished GEMM1" -- while a CTA waits for the latter its ring
+// already holds its first GEMM2 weights.
+//
+// Per CTA (8 consumer warps + 1 producer warp):
+//   0. CTA b < M routes token b from the logits (when routing in the kernel) and publishes it
+//      (sync[0]); every CTA quantises the M token rows of x into shared memory (1x128 groups),
+//      then waits for the routing and builds the pair tables (active local experts ascending, each
+//      expert's pairs in pair order: the stream path's layout) in shared memory.
+//   1. GEMM1 units: (active expert, 8 output columns) = 8 gate rows + the 8 matching up rows of
+//      w13, K = H in stages of <= 1024 bytes per row. Consumer warp w takes the 128-wide K block w
+//      of each stage (mma.sync m16n8k32 e4m3: weights as the 16 A rows, the expert's <= 8 tokens as
+//      the B columns), promotes it with the activation group scale and the weight block scale
+//      (both from shared memory: the producer copies the stage's scale words next to it), and the
+//      8 warps' sums are added in warp order at the end of the unit. Warp 0 applies the activation
+//      (rounded like the reference) and writes h to global memory.
+//   2. Grid barrier (sync[1]); every CTA quantises all of h (1x128 groups) into shared memory.
+//   3. GEMM2 units: 16 rows of w2 for every active expert (a stage holds 8 / (I / 128) experts),
+//      each warp one (expert, 128-wide K block); the K blocks of an expert are added in order,
+//      times the router weight, rounded to bf16 (y2), and the unit's output rows are the sums of
+//      each token's local slots in slot order (the reference's top-k sum). No atomics on data, so
+//      the output is deterministic.
+// The producer warp walks the same unit/stage sequence: wait for a free slot, expect the stage's
+// bytes on its full barrier, issue one bulk copy per weight row and one per scale window.
+#pragma once
+
+#include "cuda_common.cuh"
+#include "moe_params.hpp"
+#include "smxx_fp8_quant.cuh"
+#include "smxx_moe_align.cuh"
+#include "smxx_moe_routing.cuh"
+
+namespace fp8moe::cuda {
+
+constexpr int kSgWarps = 8;  // consumer warps; warp 8 is the producer
+constexpr int kSgThreads = (kSgWarps + 1) * 32;
+constexpr int kSgMaxM = 8;
+constexpr int kSgMaxPairs = 64;  // M * topk
+constexpr int kSgMaxStages = 12;
+constexpr int kSgRowPitch1 = 1024 + 16;  // GEMM1 stage: 16 rows of <= 1024 bytes (+16: banks)
+constexpr int kSgDataBytes = 18432;      // >= 16 * 1040 and >= (8 / nkb) * 16 * (128 nkb + 16)
+constexpr int kSgWinBytes = 48;          // one scale window: <= 8 floats, 16-byte aligned copy
+constexpr int kSgStageBytes = kSgDataBytes + 8 * kSgWinBytes;  // 18816 = 147 * 128
+constexpr int kSgFixedBytes = 16 * kSgMaxStages + 4096 + 2 * kSgWarps * 32 * 16 +
+                              kSgMaxPairs * 16 * 4;  // barriers, tables, reductions, y2 rows
+static_assert(kSgStageBytes % 128 == 0, "stages stay 128-byte aligned");
+static_assert(route_smem_bytes(kRouteMaxExperts) <= 2 * kSgStageBytes, "routing scratch in ring");
+
+struct SingleParams {
+  int M, H, I, E, E_global, topk;
+  int route;  // route from rp.logits (else ids_in / tw_in)
+  RoutingParams rp;
+  const uint16_t* x;  // (M, H) bf16
+  const int32_t* ids_in;
+  const float* tw_in;
+  int32_t* ids_ws;  // (M, topk) the kernel's routing
+  float* tw_ws;
+  const int32_t* expert_map;
+  WeightSide w1, w2;
+  const float* w1_scale_end;  // one past the last scale word (scale windows stay inside)
+  const float* w2_scale_end;
+  int ue8m0;
+  float min_scale2;  // fused SiLU+quant scale floor of h, else 0
+  int h_f32;         // h is not rounded to bf16 (fused SiLU+quant semantics)
+  ActParams ap;
+  int nstages;
+  int act_bytes;   // shared bytes of the token region (qx + sx, or qh + sh)
+  float* hbuf;     // (M * topk, I) h at each pair's sorted position
+  unsigned* sync;  // [0] routed tokens, [1] CTAs past GEMM1; zero before the launch
+  uint16_t* out;   // (M, H) bf16
+};
+
+// ---- small PTX helpers -------------------------------------------------------------------------
+__device__ __forceinline__ void sg_bulk_load(void* dst, const void* src, uint32_t bytes,
+                                             uint64_t* bar) {
+  asm volatile(
+      "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n" ::
+          "r"(smem_u32(dst)),
+      "l"(src), "r"(bytes), "r"(smem_u32(bar))
+      : "memory");
+}
+__device__ __forceinline__ unsigned sg_ld_acquire(const unsigned* p) {
+  unsigned v;
+  asm volatile("ld.acquire.gpu.global.u32 %0, [%1];\n" : "=r"(v) : "l"(p) : "memory");
+  return v;
+}
+// The 8 consumer warps only (the producer warp never joins).
+__device__ __forceinline__ void sg_consumer_sync() {
+  asm volatile("bar.sync 1, %0;\n" ::"n"(kSgWarps * 32) : "memory");
+}
+
+// A 16-byte aligned window of <= 48 bytes holding the n (<= 8) floats at p, kept inside the
+// tensor [.., end) (end 16-byte aligned): bulk copies need 16-byte addresses and sizes. Returns the
+// window start; *len its bytes, *off the index of p in it.
+__device__ __forceinline__ const float* sg_window(const float* p, int n, const float* end,
+                                                  uint32_t* len, int* off) {
+  const uintptr_t a = reinterpret_cast<uintptr_t>(p);
+  uintptr_t s = a & ~uintptr_t(15);
+  const uint32_t l = static_cast<uint32_t>((a + 4u * n - s + 15) & ~uintptr_t(15));
+  const uintptr_t e = reinterpret_cast<uintptr_t>(end);
+  if (s + l > e) s = e - l;
+  *len = l;
+  *off = static_cast<int>((a - s) / 4);
+  return reinterpret_cast<const float*>(s);
+}
+
+// The shared tables of one call (thread-block copies, built after the routing).
+struct SgTables {
+  int32_t pe[kSgMaxPairs];   // local expert of pair i, -1: not on this rank / padded
+  int32_t pos[kSgMaxPairs];  // sorted position of pair i, -1 when dropped
+  int32_t first[kSgMaxPairs];
+  int32_t plist[kSgMaxPairs];  // pair at sorted position
+  int32_t act[kSgMaxPairs];    // local expert of active index j
+  int32_t eoff[kSgMaxPairs + 1];
+  float tw[kSgMaxPairs];
+  int32_t n_act, n_valid;
+};
+
+// The sequence of stages both roles walk. GEMM1: units u = b, b + G, ... < n_act * I / 8, each
+// ceil(H / 1024) stages. GEMM2: units (the GEMM2 start rotated so CTAs with one GEMM1 unit less
+// take the extra GEMM2 unit first) u2 < H / 16, each ceil(n_act / epx) stages.
+struct SgPlan {
+  int u1_first, u1_count, ns1;
+  int u2_first, u2_count, ns2;
+  int epx, nkb2;
+};
+__device__ __forceinline__ SgPlan sg_plan(const SingleParams& p, int n_act) {
+  SgPlan q;
+  const int G = gridDim.x, b = blockIdx.x;
+  const int U1 = n_act * (p.I / 8);
+  q.u1_first = b;
+  q.u1_count = b < U1 ? (U1 - b + G - 1) / G : 0;
+  q.ns1 = (p.H + 1023) / 1024;
+  const int r1 = U1 % G;
+  const int b2 = (b - r1 + G) % G;
+  const int U2 = p.H / 16;
+  q.u2_first = b2;
+  q.u2_count = b2 < U2 ? (U2 - b2 + G - 1) / G : 0;
+  q.nkb2 = p.I / 128;
+  q.epx = kSgWarps / q.nkb2;
+  q.ns2 = (n_act + q.epx - 1) / q.epx;
+  return q;
+}
+
+// One 16 x 128 block of A (stage rows `a`, pitch `pitch`, K offset k) against 8 B columns (row
+// b_row of the token region, pitch bpitch; nullptr = zero column) -> 16 x 8 partial sums.
+// K relabelling as in the stream path: lane (g, t4) holds bytes [32 t4, 32 t4 + 32) of rows g and
+// g + 8 and the same bytes of its B column, so every mma sums over its own 128-block only.
+__device__ __forceinline__ void sg_block_mma(const uint8_t* a, int pitch, const uint8_t* b_col,
+                                             float (&part)[4]) {
+  const int lane = threadIdx.x & 31, g = lane >> 2, t4 = lane & 3;
+  const uint4 l0 = *reinterpret_cast<const uint4*>(a + g * pitch + t4 * 32);
+  const uint4 l1 = *reinterpret_cast<const uint4*>(a + g * pitch + t4 * 32 + 16);
+  const uint4 h0 = *reinterpret_cast<const uint4*>(a + (g + 8) * pitch + t4 * 32);
+  const uint4 h1 = *reinterpret_cast<const uint4*>(a + (g + 8) * pitch + t4 * 32 + 16);
+  uint4 b0 = make_uint4(0, 0, 0, 0), b1 = make_uint4(0, 0, 0, 0);
+  if (b_col) {
+    b0 = *reinterpret_cast<const uint4*>(b_col + t4 * 32);
+    b1 = *reinterpret_cast<const uint4*>(b_col + t4 * 32 + 16);
+  }
+  const uint32_t lo[8] = {l0.x, l0.y, l0.z, l0.w, l1.x, l1.y, l1.z, l1.w};
+  const uint32_t hi[8] = {h0.x, h0.y, h0.z, h0.w, h1.x, h1.y, h1.z, h1.w};
+  const uint32_t bb[8] = {b0.x, b0.y, b0.z, b0.w, b1.x, b1.y, b1.z, b1.w};
+#pragma unroll
+  for (int r = 0; r < 4; ++r) part[r] = 0.0f;
+#pragma unroll
+  for (int j = 0; j < 4; ++j) {
+    const uint32_t av[4] = {lo[2 * j], hi[2 * j], lo[2 * j + 1], hi[2 * j + 1]};
+    const uint32_t bv[2] = {bb[2 * j], bb[2 * j + 1]};
+    mma_e4m3_16832(part, av, bv);
+  }
+}
+
+__global__ void __launch_bounds__(kSgThreads, 1)
+    moe_single_kernel(const __grid_constant__ SingleParams p) {
+  extern __shared__ __align__(128) unsigned char sg_smem[];
+  const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, t4 = lane & 3;
+  const int M = p.M, H = p.H, I = p.I, topk = p.topk, P = M * topk;
+  // shared layout: ring | token region | barriers | tables | reductions | y2 rows
+  unsigned char* ring = sg_smem;
+  unsigned char* treg = ring + p.nstages * kSgStageBytes;
+  uint64_t* full = reinterpret_cast<uint64_t*>(treg + p.act_bytes);
+  uint64_t* empty = full + kSgMaxStages;
+  SgTables& T = *reinterpret_cast<SgTables*>(empty + kSgMaxStages);
+  float* red = reinterpret_cast<float*>(reinterpret_cast<unsigned char*>(&T) + 4096);
+  float* ybuf = red + 2 * kSgWarps * 32 * 4;
+  static_assert(sizeof(SgTables) <= 4096);
+  // token region: GEMM1 qx (M rows, pitch H + 16) + sx (M x H / 128); GEMM2 qh (P rows, pitch
+  // I + 16) + sh (P x I / 128)
+  const int xpitch = H + 16, hpitch = I + 16;
+  uint8_t* qx = treg;
+  float* sx = reinterpret_cast<float*>(treg + M * xpitch);
+  uint8_t* qh = treg;
+  float* sh = reinterpret_cast<float*>(treg + P * hpitch);
+
+  if (tid == 0) {
+    for (int i = 0; i < p.nstages; ++i) {
+      mbar_init(&full[i], 1);
+      mbar_init(&empty[i], kSgWarps);
+    }
+    fence_barrier_init();
+  }
+
+  // ---- 0. routing, x quantisation, tables --------------------------------------------------
+  const int32_t* ids = p.ids_in;
+  const float* tw = p.tw_in;
+  if (p.route) {
+    ids = p.ids_ws;
+    tw = p.tw_ws;
+    if (static_cast<int>(blockIdx.x) < M) {  // scratch: the ring, not yet in use
+      route_token_block<kRouteMaxExperts / 256>(p.rp, blockIdx.x, p.E_global, topk, ring,
+                                                p.ids_ws + blockIdx.x * topk,
+                                                p.tw_ws + blockIdx.x * topk);
+      __threadfence();
+      __syncthreads();
+      if (tid == 0) atomicAdd(&p.sync[0], 1u);
+    }
+  }
+  {  // x rows -> fp8 in 1x128 groups (16 threads of 8 columns per group)
+    const int c8n = H / 8, total = M * c8n;
+    for (int b0 = 0; b0 < total; b0 += kSgThreads) {
+      const int i = b0 + tid;
+      const bool ok = i < total;
+      const int t = ok ? i / c8n : 0, c8 = ok ? i % c8n : 0;
+      float v[8];
+      float amax = 0.0f;
+      if (ok) {
+        load8<uint16_t>(p.x + int64_t(t) * H + c8 * 8, v);
+#pragma unroll
+        for (int k = 0; k < 8; ++k) amax = fmaxf(amax, fabsf(v[k]));
+      }
+      amax = group_max<16>(amax);
+      if (!ok) continue;
+      const float s = group_scale(amax, p.ue8m0 != 0, 0.0f);
+      *reinterpret_cast<uint2*>(qx + t * xpitch + c8 * 8) = quant8(v, s);
+      if (c8 % 16 == 0) sx[t * (H / 128) + c8 / 16] = s;
+    }
+  }
+  if (p.route) {
+    if (tid == 0)
+      while (sg_ld_acquire(&p.sync[0]) < static_cast<unsigned>(M)) {
+      }
+    __syncthreads();
+  }
+  if (tid < P) {
+    const int e = local_expert(__ldcg(ids + tid), p.expert_map, p.E_global, p.E);
+    T.pe[tid] = e;
+    T.tw[tid] = __ldcg(tw + tid);
+  }
+  __syncthreads();
+  if (tid < P) {
+    const int e = T.pe[tid];
+    int pos = -1, first = 0;
+    if (e >= 0) {
+      pos = 0;
+      first = 1;
+      for (int k = 0; k < P; ++k) {
+        const int ek = T.pe[k];
+        if (ek < 0) continue;
+        pos += ek < e || (ek == e && k < tid);
+        if (ek == e && k < tid) first = 0;
+      }
+    }
+    T.pos[tid] = pos;
+    T.first[tid] = first;
+  }
+  __syncthreads();
+  if (tid < P && T.pe[tid] >= 0) {
+    const int e = T.pe[tid];
+    T.plist[T.pos[tid]] = tid;
+    if (T.first[tid]) {
+      int j = 0;
+      for (int k = 0; k < P; ++k) j += T.first[k] && T.pe[k] < e;
+      T.act[j] = e;
+      T.eoff[j] = T.pos[tid];
+    }
+  }
+  if (tid == 0) {
+    int na = 0, nv = 0;
+    for (int k = 0; k < P; ++k) {
+      na += T.first[k];
+      nv += T.pe[k] >= 0;
+    }
+    T.n_act = na;
+    T.n_valid = nv;
+    T.eoff[na] = nv;
+  }
+  fence_proxy_async();  // the routing scratch in the ring is rewritten by bulk copies next
+  __syncthreads();
+  const int n_act = T.n_act;
+  const SgPlan plan = sg_plan(p, n_act);
+  const int units1 = I / 8;
+
+  // ---- producer warp ---------------------------------------------------------------------
+  if (warp == kSgWarps) {
+    int it = 0;
+    auto next_slot = [&](uint32_t bytes) {
+      const int s = it % p.nstages;
+      const uint32_t ph = (it / p.nstages) & 1;
+      if (lane == 0) {
+        mbar_wait(&empty[s], ph ^ 1);
+        mbar_arrive_expect_tx(&full[s], bytes);
+      }
+      __syncwarp();
+      ++it;
+      return s;
+    };
+    for (int k = 0; k < plan.u1_count; ++k) {
+      const int u = plan.u1_first + k * gridDim.x;
+      const int j = u / units1, c0 = (u % units1) * 8, e = T.act[j];
+      const uint8_t* wexp = p.w1.w + int64_t(e) * 2 * I * H;
+      const float* sexp = p.w1.scale + int64_t(e) * p.w1.scale_e_stride;
+      const float* sg = sexp + int64_t(c0 / 128) * p.w1.scale_n_stride;
+      const float* su = sexp + int64_t((I + c0) / 128) * p.w1.scale_n_stride;
+      for (int st = 0; st < plan.ns1; ++st) {
+        const int k0 = st * 1024, klen = min(1024, H - k0), nkb = klen / 128;
+        uint32_t lg, lu;
+        int og, ou;
+        const float* wg = sg_window(sg + k0 / 128, nkb, p.w1_scale_end, &lg, &og);
+        const float* wu = sg_window(su + k0 / 128, nkb, p.w1_scale_end, &lu, &ou);
+        const int s = next_slot(16u * klen + lg + lu);
+        unsigned char* stage = ring + s * kSgStageBytes;
+        if (lane < 16) {
+          const int n = lane < 8 ? c0 + lane : I + c0 + lane - 8;
+          sg_bulk_load(stage + lane * kSgRowPitch1, wexp + int64_t(n) * H + k0, klen, &full[s]);
+        } else if (lane == 16) {
+          sg_bulk_load(stage + kSgDataBytes, wg, lg, &full[s]);
+        } else if (lane == 17) {
+          sg_bulk_load(stage + kSgDataBytes + kSgWinBytes, wu, lu, &full[s]);
+        }
+      }
+    }
+    for (int k = 0; k < plan.u2_count; ++k) {
+      const int n0 = (plan.u2_first + k * gridDim.x) * 16;
+      for (int st = 0; st < plan.ns2; ++st) {
+        const int j0 = st * plan.epx, nq = min(plan.epx, n_act - j0);
+        // window of each expert (lanes < nq compute theirs; lane 0 needs the total)
+        uint32_t total = 16u * I * nq;
+        for (int q = 0; q < nq; ++q) {
+          uint32_t l;
+          int o;
+          const float* sr = p.w2.scale + int64_t(T.act[j0 + q]) * p.w2.scale_e_stride +
+                            int64_t(n0 / 128) * p.w2.scale_n_stride;
+          sg_window(sr, plan.nkb2, p.w2_scale_end, &l, &o);
+          total += l;
+        }
+        const int s = next_slot(total);
+        unsigned char* stage = ring + s * kSgStageBytes;
+        for (int r = lane; r < 16 * nq; r += 32) {
+          const int q = r / 16, e = T.act[j0 + q];
+          sg_bulk_load(stage + r * hpitch, p.w2.w + (int64_t(e) * H + n0 + r % 16) * I, I,
+                       &full[s]);
+        }
+        if (lane < nq) {
+          uint32_t l;
+          int o;
+          const float* sr = p.w2.scale + int64_t(T.act[j0 + lane]) * p.w2.scale_e_stride +
+                            int64_t(n0 / 128) * p.w2.scale_n_stride;
+          const float* wsrc = sg_window(sr, plan.nkb2, p.w2_scale_end, &l, &o);
+          sg_bulk_load(stage + kSgDataBytes + lane * kSgWinBytes, wsrc, l, &full[s]);
+        }
+      }
+    }
+    return;
+  }
+
+  // ---- consumers: GEMM1 ------------------------------------------------------------------
+  int it = 0;
+  int red_buf = 0;
+  for (int k = 0; k < plan.u1_count; ++k) {
+    const int u = plan.u1_first + k * gridDim.x;
+    const int j = u / units1, c0 = (u % units1) * 8;
+    const int e0 = T.eoff[j], nt = T.eoff[j + 1] - e0;
+    // B column g: token row of the expert's pair g; scale columns 2 t4 + c
+    const uint8_t* bcol = g < nt ? qx + (T.plist[e0 + g] / topk) * xpitch : nullptr;
+    int srow[2];
+#pragma unroll
+    for (int c = 0; c < 2; ++c)
+      srow[c] = 2 * t4 + c < nt ? (T.plist[e0 + 2 * t4 + c] / topk) * (H / 128) : -1;
+    float total[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+    const float* sexp = p.w1.scale + int64_t(T.act[j]) * p.w1.scale_e_stride;
+    for (int st = 0; st < plan.ns1; ++st) {
+      const int s = it % p.nstages;
+      const uint32_t ph = (it / p.nstages) & 1;
+      ++it;
+      const int k0 = st * 1024, nkb = min(1024, H - k0) / 128;
+      mbar_wait(&full[s], ph);
+      if (warp < nkb) {
+        const unsigned char* stage = ring + s * kSgStageBytes;
+        float part[4];
+        sg_block_mma(stage + warp * 128, kSgRowPitch1, bcol ? bcol + k0 + warp * 128 : nullptr,
+                     part);
+        // the scale windows, as the producer cut them
+        uint32_t l;
+        int og, ou;
+        sg_window(sexp + int64_t(c0 / 128) * p.w1.scale_n_stride + k0 / 128, nkb, p.w1_scale_end,
+                  &l, &og);
+        sg_window(sexp + int64_t((I + c0) / 128) * p.w1.scale_n_stride + k0 / 128, nkb,
+                  p.w1_scale_end, &l, &ou);
+        const float* win = reinterpret_cast<const float*>(stage + kSgDataBytes);
+        const float sw_g = win[og + warp];
+        const float sw_u = win[kSgWinBytes / 4 + ou + warp];
+        const int kb = k0 / 128 + warp;
+        const float sa0 = srow[0] >= 0 ? sx[srow[0] + kb] : 0.0f;
+        const float sa1 = srow[1] >= 0 ? sx[srow[1] + kb] : 0.0f;
+        total[0] += part[0] * sa0 * sw_g;
+        total[1] += part[1] * sa1 * sw_g;
+        total[2] += part[2] * sa0 * sw_u;
+        total[3] += part[3] * sa1 * sw_u;
+      }
+      __syncwarp();
+      if (lane == 0) mbar_arrive(&empty[s]);
+    }
+    // the 8 warps' sums in warp order; warp 0 finishes the unit
+    float* rb = red + red_buf * (kSgWarps * 32 * 4);
+    red_buf ^= 1;
+#pragma unroll
+    for (int r = 0; r < 4; ++r) rb[(warp * 32 + lane) * 4 + r] = total[r];
+    sg_consumer_sync();
+    if (warp == 0) {
+      float v[4] = {total[0], total[1], total[2], total[3]};
+      for (int w = 1; w < kSgWarps; ++w)
+#pragma unroll
+        for (int r = 0; r < 4; ++r) v[r] += rb[(w * 32 + lane) * 4 + r];
+#pragma unroll
+      for (int c = 0; c < 2; ++c) {
+        const int col = 2 * t4 + c;
+        if (col >= nt) continue;
+        // row g: gate column c0 + g; row g + 8: its up row
+        const float y_g = round_act(p.ap, v[c]), y_u = round_act(p.ap, v[2 + c]);
+        const float h = act_gated(p.ap, y_g, y_u);
+        p.hbuf[int64_t(e0 + col) * I + c0 + g] = p.h_f32 ? h : bf16_round(h);
+      }
+    }
+  }
+
+  // ---- grid barrier: every CTA's h is written ---------------------------------------------
+  __threadfence();
+  sg_consumer_sync();
+  if (tid == 0) {
+    atomicAdd(&p.sync[1], 1u);
+    while (sg_ld_acquire(&p.sync[1]) < gridDim.x) {
+    }
+  }
+  sg_consumer_sync();
+
+  // ---- h -> fp8 in 1x128 groups (every CTA, all pairs; qx is no longer read) --------------
+  {
+    const int nkb2 = I / 128, items = T.n_valid * nkb2;
+    for (int i = warp; i < items; i += kSgWarps) {
+      const int pos = i / nkb2, grp = i % nkb2;
+      const float4 v =
+          __ldcg(reinterpret_cast<const float4*>(p.hbuf + int64_t(pos) * I + grp * 128) + lane);
+      float amax = fmaxf(fmaxf(fabsf(v.x), fabsf(v.y)), fmaxf(fabsf(v.z), fabsf(v.w)));
+      amax = warp_max(amax);
+      const float s = group_scale(amax, p.ue8m0 != 0, p.min_scale2);
+      const uint32_t lo = float2_to_e4m3x2(v.x / s, v.y / s),
+                     hi = float2_to_e4m3x2(v.z / s, v.w / s);
+      *reinterpret_cast<uint32_t*>(qh + pos * hpitch + grp * 128 + lane * 4) = lo | (hi << 16);
+      if (lane == 0) sh[pos * nkb2 + grp] = s;
+    }
+  }
+  sg_consumer_sync();
+
+  // ---- consumers: GEMM2 ------------------------------------------------------------------
+  const int nkb2 = plan.nkb2;
+  for (int k = 0; k < plan.u2_count; ++k) {
+    const int n0 = (plan.u2_first + k * gridDim.x) * 16;
+    for (int st = 0; st < plan.ns2; ++st) {
+      const int s = it % p.nstages;
+      const uint32_t ph = (it / p.nstages) & 1;
+      ++it;
+      const int j0 = st * plan.epx, nq = min(plan.epx, n_act - j0);
+      const int q = warp / nkb2, kb = warp % nkb2;
+      const bool mine = q < nq;
+      float res[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+      int e0 = 0, nt = 0;
+      mbar_wait(&full[s], ph);
+      if (mine) {
+        const int j = j0 + q;
+        e0 = T.eoff[j];
+        nt = T.eoff[j + 1] - e0;
+        const unsigned char* stage = ring + s * kSgStageBytes;
+        const uint8_t* bcol = g < nt ? qh + (e0 + g) * hpitch + kb * 128 : nullptr;
+        float part[4];
+        sg_block_mma(stage + q * 16 * hpitch + kb * 128, hpitch, bcol, part);
+        uint32_t l;
+        int o;
+        sg_window(p.w2.scale + int64_t(T.act[j]) * p.w2.scale_e_stride +
+                      int64_t(n0 / 128) * p.w2.scale_n_stride,
+                  nkb2, p.w2_scale_end, &l, &o);
+        const float sw =
+            reinterpret_cast<const float*>(stage + kSgDataBytes + q * kSgWinBytes)[o + kb];
+        const float sa0 = 2 * t4 < nt ? sh[(e0 + 2 * t4) * nkb2 + kb] : 0.0f;
+        const float sa1 = 2 * t4 + 1 < nt ? sh[(e0 + 2 * t4 + 1) * nkb2 + kb] : 0.0f;
+        res[0] = part[0] * sa0 * sw;
+        res[1] = part[1] * sa1 * sw;
+        res[2] = part[2] * sa0 * sw;
+        res[3] = part[3] * sa1 * sw;
+      }
+      __syncwarp();
+      if (lane == 0) mbar_arrive(&empty[s]);
+      float* rb = red + red_buf * (kSgWarps * 32 * 4);
+      red_buf ^= 1;
+#pragma unroll
+      for (int r = 0; r < 4; ++r) rb[(warp * 32 + lane) * 4 + r] = res[r];
+      sg_consumer_sync();
+      if (mine && kb == 0) {  // the expert's K blocks in order, * router weight, rounded (y2)
+        float v[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+        for (int b = 0; b < nkb2; ++b)
+#pragma unroll
+          for (int r = 0; r < 4; ++r) v[r] += rb[((warp + b) * 32 + lane) * 4 + r];
+#pragma unroll
+        for (int c = 0; c < 2; ++c) {
+          const int col = 2 * t4 + c;
+          if (col >= nt) continue;
+          const int pair = T.plist[e0 + col];
+          const float rw = T.tw[pair];
+          ybuf[pair * 16 + g] = bf16_round(v[c] * rw);
+          ybuf[pair * 16 + g + 8] = bf16_round(v[2 + c] * rw);
+        }
+      }
+    }
+    sg_consumer_sync();
+    // the unit's 16 output rows of every token: its local slots in slot order
+    for (int i = tid; i < M * 16; i += kSgWarps * 32) {
+      const int t = i / 16, r = i % 16;
+      float acc = 0.0f;
+      for (int sl = 0; sl < topk; ++sl) {
+        const int pair = t * topk + sl;
+        if (T.pe[pair] < 0) continue;
+        acc += ybuf[pair * 16 + r];
+      }
+      p.out[int64_t(t) * H + n0 + r] = float_to_bf16_bits(acc);
+    }
+    sg_consumer_sync();
+  }
+}
+
+}  // namespace fp8moe::cuda
