@@ -2,6 +2,8 @@
 // workspace, its shared-memory plan and the cooperative launch.
 #include <algorithm>
 #include <atomic>
+#include <cstdlib>
+#include <cstring>
 #include <string>
 
 #include "moe_paths.hpp"
@@ -12,7 +14,7 @@ namespace fp8moe::cuda {
 namespace {
 
 constexpr int kSgMaxSmem = 232448;  // sm_90: 227 KB of dynamic shared memory per block (opt-in)
-constexpr int kSgMinStages = 4;
+constexpr int kSgMinStages = 3;
 
 struct SgDevice {
   int sms = 0, coop = 0, cap = 0;
@@ -39,14 +41,29 @@ int64_t act_bytes(const MoeProblem& p) {
   return round_up(std::max(x, h), 16);
 }
 
+// GEMM1 bytes per weight row and stage: FP8MOE_SINGLE_KC (1024, 2048 or 4096; default 1024), at
+// most H rounded up to 1024.
+int kc1(const MoeProblem& p) {
+  static const int kc = [] {
+    const char* v = std::getenv("FP8MOE_SINGLE_KC");
+    if (v && (std::strcmp(v, "2048") == 0 || std::strcmp(v, "4096") == 0)) return std::atoi(v);
+    return 1024;
+  }();
+  return static_cast<int>(std::min<int64_t>(kc, round_up(p.H, 1024)));
+}
+int data_bytes(const MoeProblem& p) { return std::max(16 * (kc1(p) + 16), kSgData2Bytes); }
+int stage_bytes(const MoeProblem& p) {
+  return static_cast<int>(round_up(data_bytes(p) + 8 * kSgWinBytes, 128));
+}
+
 int stages(const MoeProblem& p) {
   const int64_t left = kSgMaxSmem - kSgFixedBytes - act_bytes(p);
   return static_cast<int>(
-      std::min<int64_t>(kSgMaxStages, std::max<int64_t>(left, 0) / kSgStageBytes));
+      std::min<int64_t>(kSgMaxStages, std::max<int64_t>(left, 0) / stage_bytes(p)));
 }
 
 int smem_bytes(const MoeProblem& p) {
-  return static_cast<int>(stages(p) * int64_t(kSgStageBytes) + act_bytes(p) + kSgFixedBytes);
+  return static_cast<int>(stages(p) * int64_t(stage_bytes(p)) + act_bytes(p) + kSgFixedBytes);
 }
 
 bool aligned16(const void* ptr) { return (reinterpret_cast<uintptr_t>(ptr) & 15) == 0; }
@@ -97,7 +114,8 @@ std::string single_path_limit(const MoeProblem& p) {
     return "x, weights and weight scales must be 16-byte aligned";
   if ((p.E * p.w1.scale_e_stride) % 4 != 0 || (p.E * p.w2.scale_e_stride) % 4 != 0)
     return "weight scale tensors must be whole 16-byte words";
-  if (stages(p) < kSgMinStages) return "the tokens leave too little shared memory for the ring";
+  if (stages(p) < kSgMinStages || stages(p) * int64_t(stage_bytes(p)) < route_smem_bytes(1024))
+    return "the tokens leave too little shared memory for the ring";
   return {};
 }
 
@@ -133,6 +151,9 @@ void run_single(const MoeProblem& p, void* workspace) {
   sp.h_f32 = p.fused_silu_quant;
   sp.ap = p.ap;
   sp.nstages = stages(p);
+  sp.kc1 = kc1(p);
+  sp.data_bytes = data_bytes(p);
+  sp.stage_bytes = stage_bytes(p);
   sp.act_bytes = static_cast<int>(act_bytes(p));
   sp.hbuf = reinterpret_cast<float*>(ws + L.hbuf);
   sp.sync = reinterpret_cast<unsigned*>(ws + L.sync);

@@ -17,12 +17,12 @@
 //      then waits for the routing and builds the pair tables (active local experts ascending, each
 //      expert's pairs in pair order: the stream path's layout) in shared memory.
 //   1. GEMM1 units: (active expert, 8 output columns) = 8 gate rows + the 8 matching up rows of
-//      w13, K = H in stages of <= 1024 bytes per row. Consumer warp w takes the 128-wide K block w
-//      of each stage (mma.sync m16n8k32 e4m3: weights as the 16 A rows, the expert's <= 8 tokens as
-//      the B columns), promotes it with the activation group scale and the weight block scale
-//      (both from shared memory: the producer copies the stage's scale words next to it), and the
-//      8 warps' sums are added in warp order at the end of the unit. Warp 0 applies the activation
-//      (rounded like the reference) and writes h to global memory.
+//      w13, K = H in stages of <= kc1 bytes per row. Consumer warp w takes the 128-wide K blocks
+//      w, w + 8, ... of each stage (mma.sync m16n8k32 e4m3: weights as the 16 A rows, the expert's
+//      <= 8 tokens as the B columns), promotes it with the activation group scale and the weight
+//      block scale (both from shared memory: the producer copies the stage's scale words next to
+//      it), and the 8 warps' sums are added in warp order at the end of the unit. Warp 0 applies
+//      the activation (rounded like the reference) and writes h to global memory.
 //   2. Grid barrier (sync[1]); every CTA quantises all of h (1x128 groups) into shared memory.
 //   3. GEMM2 units: 16 rows of w2 for every active expert (a stage holds 8 / (I / 128) experts),
 //      each warp one (expert, 128-wide K block); the K blocks of an expert are added in order,
@@ -30,7 +30,8 @@
 //      each token's local slots in slot order (the reference's top-k sum). No atomics on data, so
 //      the output is deterministic.
 // The producer warp walks the same unit/stage sequence: wait for a free slot, expect the stage's
-// bytes on its full barrier, issue one bulk copy per weight row and one per scale window.
+// bytes on its full barrier, issue one bulk copy per weight row (GEMM1) or per expert's 16 rows
+// (GEMM2) and one per scale window.
 #pragma once
 
 #include "cuda_common.cuh"
@@ -46,14 +47,14 @@ constexpr int kSgThreads = (kSgWarps + 1) * 32;
 constexpr int kSgMaxM = 8;
 constexpr int kSgMaxPairs = 64;  // M * topk
 constexpr int kSgMaxStages = 12;
-constexpr int kSgRowPitch1 = 1024 + 16;  // GEMM1 stage: 16 rows of <= 1024 bytes (+16: banks)
-constexpr int kSgDataBytes = 18432;      // >= 16 * 1040 and >= (8 / nkb) * 16 * (128 nkb + 16)
-constexpr int kSgWinBytes = 48;          // one scale window: <= 8 floats, 16-byte aligned copy
-constexpr int kSgStageBytes = kSgDataBytes + 8 * kSgWinBytes;  // 18816 = 147 * 128
+// A stage: GEMM1 16 rows of <= kc1 bytes (pitch kc1 + 16: conflict-free fragment loads), GEMM2
+// 16 rows x I of <= 8 / (I / 128) experts (one contiguous copy each, pitch I), then 8 scale
+// windows of kSgWinBytes.
+constexpr int kSgWinBytes = 160;      // one scale window: <= 32 floats, 16-byte aligned copy
+constexpr int kSgData2Bytes = 16384;  // (8 / nkb) * 16 * 128 nkb
 constexpr int kSgFixedBytes = 16 * kSgMaxStages + 4096 + 2 * kSgWarps * 32 * 16 +
                               kSgMaxPairs * 16 * 4;  // barriers, tables, reductions, y2 rows
-static_assert(kSgStageBytes % 128 == 0, "stages stay 128-byte aligned");
-static_assert(route_smem_bytes(kRouteMaxExperts) <= 2 * kSgStageBytes, "routing scratch in ring");
+static_assert(route_smem_bytes(kRouteMaxExperts) <= 4 * kSgData2Bytes, "routing scratch in ring");
 
 struct SingleParams {
   int M, H, I, E, E_global, topk;
@@ -73,10 +74,13 @@ struct SingleParams {
   int h_f32;         // h is not rounded to bf16 (fused SiLU+quant semantics)
   ActParams ap;
   int nstages;
-  int act_bytes;   // shared bytes of the token region (qx + sx, or qh + sh)
-  float* hbuf;     // (M * topk, I) h at each pair's sorted position
-  unsigned* sync;  // [0] routed tokens, [1] CTAs past GEMM1; zero before the launch
-  uint16_t* out;   // (M, H) bf16
+  int kc1;          // GEMM1 bytes per row and stage (a multiple of 1024)
+  int data_bytes;   // max(16 * (kc1 + 16), kSgData2Bytes)
+  int stage_bytes;  // data_bytes + 8 windows, a multiple of 128
+  int act_bytes;    // shared bytes of the token region (qx + sx, or qh + sh)
+  float* hbuf;      // (M * topk, I) h at each pair's sorted position
+  unsigned* sync;   // [0] routed tokens, [1] CTAs past GEMM1; zero before the launch
+  uint16_t* out;    // (M, H) bf16
 };
 
 // ---- small PTX helpers -------------------------------------------------------------------------
@@ -98,7 +102,7 @@ __device__ __forceinline__ void sg_consumer_sync() {
   asm volatile("bar.sync 1, %0;\n" ::"n"(kSgWarps * 32) : "memory");
 }
 
-// A 16-byte aligned window of <= 48 bytes holding the n (<= 8) floats at p, kept inside the
+// A 16-byte aligned window of <= kSgWinBytes holding the n (<= 32) floats at p, kept inside the
 // tensor [.., end) (end 16-byte aligned): bulk copies need 16-byte addresses and sizes. Returns the
 // window start; *len its bytes, *off the index of p in it.
 __device__ __forceinline__ const float* sg_window(const float* p, int n, const float* end,
@@ -126,7 +130,7 @@ struct SgTables {
 };
 
 // The sequence of stages both roles walk. GEMM1: units u = b, b + G, ... < n_act * I / 8, each
-// ceil(H / 1024) stages. GEMM2: units (the GEMM2 start rotated so CTAs with one GEMM1 unit less
+// ceil(H / kc1) stages. GEMM2: units (the GEMM2 start rotated so CTAs with one GEMM1 unit less
 // take the extra GEMM2 unit first) u2 < H / 16, each ceil(n_act / epx) stages.
 struct SgPlan {
   int u1_first, u1_count, ns1;
@@ -139,7 +143,7 @@ __device__ __forceinline__ SgPlan sg_plan(const SingleParams& p, int n_act) {
   const int U1 = n_act * (p.I / 8);
   q.u1_first = b;
   q.u1_count = b < U1 ? (U1 - b + G - 1) / G : 0;
-  q.ns1 = (p.H + 1023) / 1024;
+  q.ns1 = (p.H + p.kc1 - 1) / p.kc1;
   const int r1 = U1 % G;
   const int b2 = (b - r1 + G) % G;
   const int U2 = p.H / 16;
@@ -187,7 +191,7 @@ __global__ void __launch_bounds__(kSgThreads, 1)
   const int M = p.M, H = p.H, I = p.I, topk = p.topk, P = M * topk;
   // shared layout: ring | token region | barriers | tables | reductions | y2 rows
   unsigned char* ring = sg_smem;
-  unsigned char* treg = ring + p.nstages * kSgStageBytes;
+  unsigned char* treg = ring + p.nstages * p.stage_bytes;
   uint64_t* full = reinterpret_cast<uint64_t*>(treg + p.act_bytes);
   uint64_t* empty = full + kSgMaxStages;
   SgTables& T = *reinterpret_cast<SgTables*>(empty + kSgMaxStages);
@@ -196,7 +200,7 @@ __global__ void __launch_bounds__(kSgThreads, 1)
   static_assert(sizeof(SgTables) <= 4096);
   // token region: GEMM1 qx (M rows, pitch H + 16) + sx (M x H / 128); GEMM2 qh (P rows, pitch
   // I + 16) + sh (P x I / 128)
-  const int xpitch = H + 16, hpitch = I + 16;
+  const int xpitch = H + 16, hpitch = I + 16, pitch1 = p.kc1 + 16;
   uint8_t* qx = treg;
   float* sx = reinterpret_cast<float*>(treg + M * xpitch);
   uint8_t* qh = treg;
@@ -322,20 +326,20 @@ __global__ void __launch_bounds__(kSgThreads, 1)
       const float* sg = sexp + int64_t(c0 / 128) * p.w1.scale_n_stride;
       const float* su = sexp + int64_t((I + c0) / 128) * p.w1.scale_n_stride;
       for (int st = 0; st < plan.ns1; ++st) {
-        const int k0 = st * 1024, klen = min(1024, H - k0), nkb = klen / 128;
+        const int k0 = st * p.kc1, klen = min(p.kc1, H - k0), nkb = klen / 128;
         uint32_t lg, lu;
         int og, ou;
         const float* wg = sg_window(sg + k0 / 128, nkb, p.w1_scale_end, &lg, &og);
         const float* wu = sg_window(su + k0 / 128, nkb, p.w1_scale_end, &lu, &ou);
         const int s = next_slot(16u * klen + lg + lu);
-        unsigned char* stage = ring + s * kSgStageBytes;
+        unsigned char* stage = ring + s * p.stage_bytes;
         if (lane < 16) {
           const int n = lane < 8 ? c0 + lane : I + c0 + lane - 8;
-          sg_bulk_load(stage + lane * kSgRowPitch1, wexp + int64_t(n) * H + k0, klen, &full[s]);
+          sg_bulk_load(stage + lane * pitch1, wexp + int64_t(n) * H + k0, klen, &full[s]);
         } else if (lane == 16) {
-          sg_bulk_load(stage + kSgDataBytes, wg, lg, &full[s]);
+          sg_bulk_load(stage + p.data_bytes, wg, lg, &full[s]);
         } else if (lane == 17) {
-          sg_bulk_load(stage + kSgDataBytes + kSgWinBytes, wu, lu, &full[s]);
+          sg_bulk_load(stage + p.data_bytes + kSgWinBytes, wu, lu, &full[s]);
         }
       }
     }
@@ -354,19 +358,17 @@ __global__ void __launch_bounds__(kSgThreads, 1)
           total += l;
         }
         const int s = next_slot(total);
-        unsigned char* stage = ring + s * kSgStageBytes;
-        for (int r = lane; r < 16 * nq; r += 32) {
-          const int q = r / 16, e = T.act[j0 + q];
-          sg_bulk_load(stage + r * hpitch, p.w2.w + (int64_t(e) * H + n0 + r % 16) * I, I,
-                       &full[s]);
-        }
+        unsigned char* stage = ring + s * p.stage_bytes;
+        if (lane < nq)  // the expert's 16 rows are contiguous: one copy
+          sg_bulk_load(stage + lane * 16 * I, p.w2.w + (int64_t(T.act[j0 + lane]) * H + n0) * I,
+                       16u * I, &full[s]);
         if (lane < nq) {
           uint32_t l;
           int o;
           const float* sr = p.w2.scale + int64_t(T.act[j0 + lane]) * p.w2.scale_e_stride +
                             int64_t(n0 / 128) * p.w2.scale_n_stride;
           const float* wsrc = sg_window(sr, plan.nkb2, p.w2_scale_end, &l, &o);
-          sg_bulk_load(stage + kSgDataBytes + lane * kSgWinBytes, wsrc, l, &full[s]);
+          sg_bulk_load(stage + p.data_bytes + lane * kSgWinBytes, wsrc, l, &full[s]);
         }
       }
     }
@@ -392,13 +394,10 @@ __global__ void __launch_bounds__(kSgThreads, 1)
       const int s = it % p.nstages;
       const uint32_t ph = (it / p.nstages) & 1;
       ++it;
-      const int k0 = st * 1024, nkb = min(1024, H - k0) / 128;
+      const int k0 = st * p.kc1, nkb = min(p.kc1, H - k0) / 128;
       mbar_wait(&full[s], ph);
       if (warp < nkb) {
-        const unsigned char* stage = ring + s * kSgStageBytes;
-        float part[4];
-        sg_block_mma(stage + warp * 128, kSgRowPitch1, bcol ? bcol + k0 + warp * 128 : nullptr,
-                     part);
+        const unsigned char* stage = ring + s * p.stage_bytes;
         // the scale windows, as the producer cut them
         uint32_t l;
         int og, ou;
@@ -406,16 +405,21 @@ __global__ void __launch_bounds__(kSgThreads, 1)
                   &l, &og);
         sg_window(sexp + int64_t((I + c0) / 128) * p.w1.scale_n_stride + k0 / 128, nkb,
                   p.w1_scale_end, &l, &ou);
-        const float* win = reinterpret_cast<const float*>(stage + kSgDataBytes);
-        const float sw_g = win[og + warp];
-        const float sw_u = win[kSgWinBytes / 4 + ou + warp];
-        const int kb = k0 / 128 + warp;
-        const float sa0 = srow[0] >= 0 ? sx[srow[0] + kb] : 0.0f;
-        const float sa1 = srow[1] >= 0 ? sx[srow[1] + kb] : 0.0f;
-        total[0] += part[0] * sa0 * sw_g;
-        total[1] += part[1] * sa1 * sw_g;
-        total[2] += part[2] * sa0 * sw_u;
-        total[3] += part[3] * sa1 * sw_u;
+        const float* win = reinterpret_cast<const float*>(stage + p.data_bytes);
+        // K blocks warp, warp + 8, ...: over the stages each warp sums its blocks in K order
+        for (int b = warp; b < nkb; b += kSgWarps) {
+          float part[4];
+          sg_block_mma(stage + b * 128, pitch1, bcol ? bcol + k0 + b * 128 : nullptr, part);
+          const float sw_g = win[og + b];
+          const float sw_u = win[kSgWinBytes / 4 + ou + b];
+          const int kb = k0 / 128 + b;
+          const float sa0 = srow[0] >= 0 ? sx[srow[0] + kb] : 0.0f;
+          const float sa1 = srow[1] >= 0 ? sx[srow[1] + kb] : 0.0f;
+          total[0] += part[0] * sa0 * sw_g;
+          total[1] += part[1] * sa1 * sw_g;
+          total[2] += part[2] * sa0 * sw_u;
+          total[3] += part[3] * sa1 * sw_u;
+        }
       }
       __syncwarp();
       if (lane == 0) mbar_arrive(&empty[s]);
@@ -489,17 +493,17 @@ __global__ void __launch_bounds__(kSgThreads, 1)
         const int j = j0 + q;
         e0 = T.eoff[j];
         nt = T.eoff[j + 1] - e0;
-        const unsigned char* stage = ring + s * kSgStageBytes;
+        const unsigned char* stage = ring + s * p.stage_bytes;
         const uint8_t* bcol = g < nt ? qh + (e0 + g) * hpitch + kb * 128 : nullptr;
         float part[4];
-        sg_block_mma(stage + q * 16 * hpitch + kb * 128, hpitch, bcol, part);
+        sg_block_mma(stage + q * 16 * I + kb * 128, I, bcol, part);
         uint32_t l;
         int o;
         sg_window(p.w2.scale + int64_t(T.act[j]) * p.w2.scale_e_stride +
                       int64_t(n0 / 128) * p.w2.scale_n_stride,
                   nkb2, p.w2_scale_end, &l, &o);
         const float sw =
-            reinterpret_cast<const float*>(stage + kSgDataBytes + q * kSgWinBytes)[o + kb];
+            reinterpret_cast<const float*>(stage + p.data_bytes + q * kSgWinBytes)[o + kb];
         const float sa0 = 2 * t4 < nt ? sh[(e0 + 2 * t4) * nkb2 + kb] : 0.0f;
         const float sa1 = 2 * t4 + 1 < nt ? sh[(e0 + 2 * t4 + 1) * nkb2 + kb] : 0.0f;
         res[0] = part[0] * sa0 * sw;
