@@ -426,10 +426,13 @@ Workspace workspace_layout(const MoeProblem& p, int64_t m, int64_t bm, bool batc
   w.meta = take(16);
   w.cnt = take(p.E * 4);
   w.eoff = take((p.E + 1) * 4);
-  w.qx = take(m * p.H);
-  w.sx = take(std::max<int64_t>(1, m * p.a_scale_cols(p.H, p.aq1)) * 4);
+  // the sorted-x chains (wgmma, grouped) quantise x straight into the sorted rows (qxs / sxs) and
+  // never write h (their GEMM1 epilogue or one activation+quantisation kernel makes qh): no qx,
+  // sx or h for them
+  w.qx = take(sorted_x ? 0 : m * p.H);
+  w.sx = take(sorted_x ? 0 : std::max<int64_t>(1, m * p.a_scale_cols(p.H, p.aq1)) * 4);
   w.y1 = take(w.capacity * p.N1 * act_bytes);
-  w.h = take(w.capacity * p.I * (h_f32 ? 4 : 2));
+  w.h = take(sorted_x ? 0 : w.capacity * p.I * (h_f32 ? 4 : 2));
   w.qh = take(w.capacity * p.I);
   w.sh = take(std::max<int64_t>(1, w.capacity * p.a_scale_cols(p.I, p.aq2)) * 4);
   w.y2 = take(pairs * p.H * act_bytes);

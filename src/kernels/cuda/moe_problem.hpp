@@ -64,7 +64,8 @@ struct Workspace {
   int fixed_stride = 0;  // > 0: batched layout (rows per expert)
   std::size_t ids = 0, tw = 0, sorted = 0, blk = 0, meta = 0, cnt = 0, eoff = 0, qx = 0, sx = 0,
               y1 = 0, h = 0, qh = 0, sh = 0, y2 = 0, amax = 0, total = 0;
-  std::size_t qxs = 0, sxs = 0;  // x quantised in the sorted layout (wgmma path)
+  std::size_t qxs = 0, sxs = 0;  // x quantised in the sorted layout (wgmma, grouped; then qx, sx
+                                 // and h are empty)
   std::size_t ppos = 0;          // sorted position of each pair (AlignOut::pair_pos)
 };
 Workspace workspace_layout(const MoeProblem& p, int64_t m, int64_t bm, bool batched = false,
