@@ -141,6 +141,14 @@ Path choose(const MoeProblem& p, std::string* why = nullptr) {
       return t;
     }
   }
+  // Measured on the H200 (docs/PERFORMANCE.md, run 11): for one token the single-kernel path is
+  // faster than the stream path on five of the six block-FP8 models.md shapes (-13 to -22%) and
+  // equal on the sixth (DeepSeek-V3 TP2, -1%); from 2 tokens it loses on half of them and from 8
+  // the grouped path is 1.4-2x faster.
+  if (p.M == 1 && single_path_limit(p).empty()) {
+    if (why) *why = "auto: one token and the single-kernel path takes it";
+    return Path::kSingle;
+  }
   const std::string grouped_why = grouped_path_limit(p);
   if (grouped_path_preferred(p) && grouped_why.empty()) {
     if (why) *why = fmt::format("auto: M = {} >= 8 and the grouped GEMMs take it", p.M);

@@ -41,26 +41,37 @@ int64_t act_bytes(const MoeProblem& p) {
   return round_up(std::max(x, h), 16);
 }
 
-// GEMM1 bytes per weight row and stage: FP8MOE_SINGLE_KC (1024, 2048 or 4096; default 1024), at
-// most H rounded up to 1024.
-int kc1(const MoeProblem& p) {
-  static const int kc = [] {
-    const char* v = std::getenv("FP8MOE_SINGLE_KC");
-    if (v && (std::strcmp(v, "2048") == 0 || std::strcmp(v, "4096") == 0)) return std::atoi(v);
-    return 1024;
-  }();
-  return static_cast<int>(std::min<int64_t>(kc, round_up(p.H, 1024)));
+// The ring for GEMM1 stages of kc bytes per weight row: stage size and count.
+int stage_bytes_for(int kc) {
+  return static_cast<int>(round_up(std::max(16 * (kc + 16), kSgData2Bytes) + 8 * kSgWinBytes, 128));
 }
-int data_bytes(const MoeProblem& p) { return std::max(16 * (kc1(p) + 16), kSgData2Bytes); }
-int stage_bytes(const MoeProblem& p) {
-  return static_cast<int>(round_up(data_bytes(p) + 8 * kSgWinBytes, 128));
-}
-
-int stages(const MoeProblem& p) {
+int stages_for(const MoeProblem& p, int kc) {
   const int64_t left = kSgMaxSmem - kSgFixedBytes - act_bytes(p);
   return static_cast<int>(
-      std::min<int64_t>(kSgMaxStages, std::max<int64_t>(left, 0) / stage_bytes(p)));
+      std::min<int64_t>(kSgMaxStages, std::max<int64_t>(left, 0) / stage_bytes_for(kc)));
 }
+
+// GEMM1 bytes per weight row and stage (at most H rounded up to 1024): FP8MOE_SINGLE_KC (1024,
+// 2048, 4096), else the largest of 4096, 2048, 1024 that leaves kSgMinStages stages. Measured on
+// the H200 (docs/PERFORMANCE.md, run 11): fewer, larger bulk copies stream faster (DeepSeek-V3 TP2
+// M = 1: 122.5 / 100.0 / 92.0 us with 1 / 2 / 4 KB copies; M = 8: 734 / 584 us with 1 / 2 KB).
+int kc1(const MoeProblem& p) {
+  static const int forced = [] {
+    const char* v = std::getenv("FP8MOE_SINGLE_KC");
+    if (v &&
+        (std::strcmp(v, "1024") == 0 || std::strcmp(v, "2048") == 0 || std::strcmp(v, "4096") == 0))
+      return std::atoi(v);
+    return 0;
+  }();
+  const int cap = static_cast<int>(std::min<int64_t>(4096, round_up(p.H, 1024)));
+  if (forced) return std::min(forced, cap);
+  for (int kc = cap; kc > 1024; kc /= 2)
+    if (stages_for(p, kc) >= kSgMinStages) return kc;
+  return 1024;
+}
+int data_bytes(const MoeProblem& p) { return std::max(16 * (kc1(p) + 16), kSgData2Bytes); }
+int stage_bytes(const MoeProblem& p) { return stage_bytes_for(kc1(p)); }
+int stages(const MoeProblem& p) { return stages_for(p, kc1(p)); }
 
 int smem_bytes(const MoeProblem& p) {
   return static_cast<int>(stages(p) * int64_t(stage_bytes(p)) + act_bytes(p) + kSgFixedBytes);
