@@ -5,7 +5,8 @@
 // no allocation (graph-capturable):
 //   route (when no topk ids are given) -> moe_align -> quantise x -> GEMM1 (+bias) -> activation
 //   -> quantise h -> GEMM2 (+bias, * router weight) -> top-k sum
-// The stream path (sm89_fp8_moe_stream.cu, small batches), the wgmma path
+// The single path (sm90_fp8_moe_single.cu, one token: the whole layer in one cooperative kernel),
+// the stream path (sm89_fp8_moe_stream.cu, small batches), the wgmma path
 // (sm90_fp8_moe_gemm_wgmma.cu) and the grouped path (the DEEPGEMM-contract grouped GEMMs of
 // grouped_moe_cuda.cpp, sm_90 with the B128 scheme, large batches) compute the same function with
 // fewer launches / faster GEMMs.
