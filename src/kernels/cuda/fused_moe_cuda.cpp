@@ -620,23 +620,18 @@ Workspace external_batched_layout(const MoeProblem& p, int64_t T) {
   L.m = p.E * T;
   L.capacity = p.E * round_up(T, kGemmBM);
   const bool h_f32 = p.x_f32 || p.fused_silu_quant;
-  std::size_t off = 0;
-  auto take = [&](std::size_t bytes) {
-    const std::size_t at = off;
-    off += (bytes + 255) / 256 * 256;
-    return at;
-  };
-  L.qx = take(L.m * p.H);
-  L.sx = take(std::max<int64_t>(1, L.m * p.a_scale_cols(p.H, p.aq1)) * 4);
-  L.sorted = take(L.capacity * 4);
-  L.blk = take(L.capacity / kGemmBM * 4);
-  L.meta = take(16);
-  L.y1 = take(L.capacity * p.N1 * (p.x_f32 ? 4 : 2));
-  L.h = take(L.capacity * p.I * (h_f32 ? 4 : 2));
-  L.qh = take(L.capacity * p.I);
-  L.sh = take(std::max<int64_t>(1, L.capacity * p.a_scale_cols(p.I, p.aq2)) * 4);
-  L.amax = take(16);
-  L.total = off;
+  WorkspaceCarver c{0, 0};
+  L.qx = c.take(L.m * p.H);
+  L.sx = c.take(std::max<int64_t>(1, L.m * p.a_scale_cols(p.H, p.aq1)) * 4);
+  L.sorted = c.take(L.capacity * 4);
+  L.blk = c.take(L.capacity / kGemmBM * 4);
+  L.meta = c.take(16);
+  L.y1 = c.take(L.capacity * p.N1 * (p.x_f32 ? 4 : 2));
+  L.h = c.take(L.capacity * p.I * (h_f32 ? 4 : 2));
+  L.qh = c.take(L.capacity * p.I);
+  L.sh = c.take(std::max<int64_t>(1, L.capacity * p.a_scale_cols(p.I, p.aq2)) * 4);
+  L.amax = c.take(16);
+  L.total = c.off;
   return L;
 }
 

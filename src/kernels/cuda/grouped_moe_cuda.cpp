@@ -308,21 +308,16 @@ struct MaskedLayout {
 };
 MaskedLayout masked_layout(const MoeProblem& p, int64_t rows) {
   MaskedLayout L;
-  std::size_t off = 0;
-  auto take = [&](std::size_t bytes) {
-    const std::size_t at = off;
-    off += (bytes + 255) / 256 * 256;
-    return at;
-  };
-  L.ids = take(rows * 4);
-  L.meta = take(16);
-  L.qx = take(rows * p.H);
-  L.sx = take(std::max<int64_t>(1, rows * (p.H / 128)) * 4);
-  L.y1 = take(rows * p.N1 * 2);
-  L.qh = take(rows * p.I);
-  L.sh = take(std::max<int64_t>(1, rows * (p.I / 128)) * 4);
-  L.amax = take(16);
-  L.total = off;
+  WorkspaceCarver c{0, 0};
+  L.ids = c.take(rows * 4);
+  L.meta = c.take(16);
+  L.qx = c.take(rows * p.H);
+  L.sx = c.take(std::max<int64_t>(1, rows * (p.H / 128)) * 4);
+  L.y1 = c.take(rows * p.N1 * 2);
+  L.qh = c.take(rows * p.I);
+  L.sh = c.take(std::max<int64_t>(1, rows * (p.I / 128)) * 4);
+  L.amax = c.take(16);
+  L.total = c.off;
   return L;
 }
 

@@ -413,36 +413,31 @@ Workspace workspace_layout(const MoeProblem& p, int64_t m, int64_t bm, bool batc
   }
   const std::size_t act_bytes = p.x_f32 ? 4 : 2;
   const bool h_f32 = p.x_f32 || p.fused_silu_quant;
-  std::size_t off = 0;
-  auto take = [&](std::size_t bytes) {
-    const std::size_t at = off;
-    off += (bytes + 255) / 256 * 256;
-    return at;
-  };
-  w.ids = take(pairs * 4);
-  w.tw = take(pairs * 4);
-  w.sorted = take(w.capacity * 4);
-  w.blk = take(w.capacity / bm * 4);
-  w.meta = take(16);
-  w.cnt = take(p.E * 4);
-  w.eoff = take((p.E + 1) * 4);
+  WorkspaceCarver c{0, 0};
+  w.ids = c.take(pairs * 4);
+  w.tw = c.take(pairs * 4);
+  w.sorted = c.take(w.capacity * 4);
+  w.blk = c.take(w.capacity / bm * 4);
+  w.meta = c.take(16);
+  w.cnt = c.take(p.E * 4);
+  w.eoff = c.take((p.E + 1) * 4);
   // the sorted-x chains (wgmma, grouped) quantise x straight into the sorted rows (qxs / sxs) and
   // never write h (their GEMM1 epilogue or one activation+quantisation kernel makes qh): no qx,
   // sx or h for them
-  w.qx = take(sorted_x ? 0 : m * p.H);
-  w.sx = take(sorted_x ? 0 : std::max<int64_t>(1, m * p.a_scale_cols(p.H, p.aq1)) * 4);
-  w.y1 = take(w.capacity * p.N1 * act_bytes);
-  w.h = take(sorted_x ? 0 : w.capacity * p.I * (h_f32 ? 4 : 2));
-  w.qh = take(w.capacity * p.I);
-  w.sh = take(std::max<int64_t>(1, w.capacity * p.a_scale_cols(p.I, p.aq2)) * 4);
-  w.y2 = take(pairs * p.H * act_bytes);
-  w.amax = take(16);
-  w.ppos = take(pairs * 4);
+  w.qx = c.take(sorted_x ? 0 : m * p.H);
+  w.sx = c.take(sorted_x ? 0 : std::max<int64_t>(1, m * p.a_scale_cols(p.H, p.aq1)) * 4);
+  w.y1 = c.take(w.capacity * p.N1 * act_bytes);
+  w.h = c.take(sorted_x ? 0 : w.capacity * p.I * (h_f32 ? 4 : 2));
+  w.qh = c.take(w.capacity * p.I);
+  w.sh = c.take(std::max<int64_t>(1, w.capacity * p.a_scale_cols(p.I, p.aq2)) * 4);
+  w.y2 = c.take(pairs * p.H * act_bytes);
+  w.amax = c.take(16);
+  w.ppos = c.take(pairs * 4);
   if (sorted_x) {
-    w.qxs = take(w.capacity * p.H);
-    w.sxs = take(std::max<int64_t>(1, w.capacity * p.a_scale_cols(p.H, p.aq1)) * 4);
+    w.qxs = c.take(w.capacity * p.H);
+    w.sxs = c.take(std::max<int64_t>(1, w.capacity * p.a_scale_cols(p.H, p.aq1)) * 4);
   }
-  w.total = off;
+  w.total = c.off;
   return w;
 }
 

@@ -58,6 +58,18 @@ MoeProblem make_problem(const FusedMoeArgs& args);
 // Why this implementation cannot compute args ("" when it can); never throws.
 std::string problem_unsupported(const FusedMoeArgs& args);
 
+// Carves a workspace into consecutive 256-byte aligned regions; take(n) returns the offset of the
+// next region of n bytes (at least min_bytes, so that with min_bytes = 1 every region is distinct).
+struct WorkspaceCarver {
+  std::size_t off = 0;
+  std::size_t min_bytes = 0;
+  std::size_t take(std::size_t bytes) {
+    const std::size_t at = off;
+    off += ((bytes > min_bytes ? bytes : min_bytes) + 255) / 256 * 256;
+    return at;
+  }
+};
+
 // Workspace of one chunk of `m` tokens with M tiles of `bm` rows (generic and wgmma paths).
 struct Workspace {
   int64_t m = 0, bm = 64, capacity = 0;

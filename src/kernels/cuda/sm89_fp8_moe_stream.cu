@@ -89,28 +89,23 @@ struct StreamLayout {
 StreamLayout layout(const MoeProblem& p, const Tiling& t) {
   StreamLayout L;
   const int64_t P = p.M * p.topk;
-  std::size_t off = 0;
-  auto take = [&](std::size_t bytes) {
-    const std::size_t at = off;
-    off += (std::max<std::size_t>(bytes, 1) + 255) / 256 * 256;
-    return at;
-  };
-  L.ids = take(P * 4);
-  L.tw = take(P * 4);
-  L.meta = take(16);
-  L.act = take(t.n_act_max * 4);
-  L.eoff = take((t.n_act_max + 1) * 4);
-  L.plist = take(P * 4);
-  L.tokv = take(p.M * 4);
-  L.c1 = take(t.n_act_max * t.ngr1 * 4);
-  L.c2 = take(p.M * t.ct2 * 4);
-  L.qx = take(p.M * p.H);
-  L.sx = take(p.M * (a_group(p.aq1) ? p.H / p.gk : 1) * 4);
-  L.hbuf = take(t.gw1 > 0 ? P * p.I * 4 : 0);
-  L.qh = take(P * p.I);
-  L.sh = take(P * (a_group(p.aq2) ? p.I / p.gk : 1) * 4);
-  L.y2 = take(P * p.H * (p.x_f32 ? 4 : 2));
-  L.total = off;
+  WorkspaceCarver c{0, 1};
+  L.ids = c.take(P * 4);
+  L.tw = c.take(P * 4);
+  L.meta = c.take(16);
+  L.act = c.take(t.n_act_max * 4);
+  L.eoff = c.take((t.n_act_max + 1) * 4);
+  L.plist = c.take(P * 4);
+  L.tokv = c.take(p.M * 4);
+  L.c1 = c.take(t.n_act_max * t.ngr1 * 4);
+  L.c2 = c.take(p.M * t.ct2 * 4);
+  L.qx = c.take(p.M * p.H);
+  L.sx = c.take(p.M * (a_group(p.aq1) ? p.H / p.gk : 1) * 4);
+  L.hbuf = c.take(t.gw1 > 0 ? P * p.I * 4 : 0);
+  L.qh = c.take(P * p.I);
+  L.sh = c.take(P * (a_group(p.aq2) ? p.I / p.gk : 1) * 4);
+  L.y2 = c.take(P * p.H * (p.x_f32 ? 4 : 2));
+  L.total = c.off;
   return L;
 }
 

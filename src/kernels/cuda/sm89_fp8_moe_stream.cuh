@@ -310,7 +310,6 @@ __device__ __forceinline__ void stream_pass(const StreamParams& p, bool g2, int 
   const uint8_t* wexp = W.w + int64_t(e) * N * K;
   L.w_lo = wexp + int64_t(n_lo) * K;
   L.w_hi = wexp + int64_t(n_hi) * K;
-#pragma unroll
   L.gk = p.gk;
   const float* ws = W.scale + int64_t(e) * W.scale_e_stride;
   L.bk = W.bk;

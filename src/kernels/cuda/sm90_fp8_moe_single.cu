@@ -85,17 +85,12 @@ struct SgLayout {
 SgLayout layout(const MoeProblem& p) {
   SgLayout L;
   const int64_t P = p.M * p.topk;
-  std::size_t off = 0;
-  auto take = [&](std::size_t bytes) {
-    const std::size_t at = off;
-    off += (std::max<std::size_t>(bytes, 1) + 255) / 256 * 256;
-    return at;
-  };
-  L.ids = take(P * 4);
-  L.tw = take(P * 4);
-  L.sync = take(16);
-  L.hbuf = take(P * p.I * 4);
-  L.total = off;
+  WorkspaceCarver c{0, 1};
+  L.ids = c.take(P * 4);
+  L.tw = c.take(P * 4);
+  L.sync = c.take(16);
+  L.hbuf = c.take(P * p.I * 4);
+  L.total = c.off;
   return L;
 }
 

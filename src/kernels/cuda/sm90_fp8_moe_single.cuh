@@ -84,19 +84,6 @@ struct SingleParams {
 };
 
 // ---- small PTX helpers -------------------------------------------------------------------------
-__device__ __forceinline__ void sg_bulk_load(void* dst, const void* src, uint32_t bytes,
-                                             uint64_t* bar) {
-  asm volatile(
-      "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n" ::
-          "r"(smem_u32(dst)),
-      "l"(src), "r"(bytes), "r"(smem_u32(bar))
-      : "memory");
-}
-__device__ __forceinline__ unsigned sg_ld_acquire(const unsigned* p) {
-  unsigned v;
-  asm volatile("ld.acquire.gpu.global.u32 %0, [%1];\n" : "=r"(v) : "l"(p) : "memory");
-  return v;
-}
 // The 8 consumer warps only (the producer warp never joins).
 __device__ __forceinline__ void sg_consumer_sync() {
   asm volatile("bar.sync 1, %0;\n" ::"n"(kSgWarps * 32) : "memory");
@@ -251,7 +238,7 @@ __global__ void __launch_bounds__(kSgThreads, 1)
   }
   if (p.route) {
     if (tid == 0)
-      while (sg_ld_acquire(&p.sync[0]) < static_cast<unsigned>(M)) {
+      while (ld_acquire_gpu(&p.sync[0]) < static_cast<unsigned>(M)) {
       }
     __syncthreads();
   }
@@ -335,11 +322,11 @@ __global__ void __launch_bounds__(kSgThreads, 1)
         unsigned char* stage = ring + s * p.stage_bytes;
         if (lane < 16) {
           const int n = lane < 8 ? c0 + lane : I + c0 + lane - 8;
-          sg_bulk_load(stage + lane * pitch1, wexp + int64_t(n) * H + k0, klen, &full[s]);
+          bulk_load_1d(stage + lane * pitch1, wexp + int64_t(n) * H + k0, klen, &full[s]);
         } else if (lane == 16) {
-          sg_bulk_load(stage + p.data_bytes, wg, lg, &full[s]);
+          bulk_load_1d(stage + p.data_bytes, wg, lg, &full[s]);
         } else if (lane == 17) {
-          sg_bulk_load(stage + p.data_bytes + kSgWinBytes, wu, lu, &full[s]);
+          bulk_load_1d(stage + p.data_bytes + kSgWinBytes, wu, lu, &full[s]);
         }
       }
     }
@@ -360,7 +347,7 @@ __global__ void __launch_bounds__(kSgThreads, 1)
         const int s = next_slot(total);
         unsigned char* stage = ring + s * p.stage_bytes;
         if (lane < nq)  // the expert's 16 rows are contiguous: one copy
-          sg_bulk_load(stage + lane * 16 * I, p.w2.w + (int64_t(T.act[j0 + lane]) * H + n0) * I,
+          bulk_load_1d(stage + lane * 16 * I, p.w2.w + (int64_t(T.act[j0 + lane]) * H + n0) * I,
                        16u * I, &full[s]);
         if (lane < nq) {
           uint32_t l;
@@ -368,7 +355,7 @@ __global__ void __launch_bounds__(kSgThreads, 1)
           const float* sr = p.w2.scale + int64_t(T.act[j0 + lane]) * p.w2.scale_e_stride +
                             int64_t(n0 / 128) * p.w2.scale_n_stride;
           const float* wsrc = sg_window(sr, plan.nkb2, p.w2_scale_end, &l, &o);
-          sg_bulk_load(stage + p.data_bytes + lane * kSgWinBytes, wsrc, l, &full[s]);
+          bulk_load_1d(stage + p.data_bytes + lane * kSgWinBytes, wsrc, l, &full[s]);
         }
       }
     }
@@ -452,7 +439,7 @@ __global__ void __launch_bounds__(kSgThreads, 1)
   sg_consumer_sync();
   if (tid == 0) {
     atomicAdd(&p.sync[1], 1u);
-    while (sg_ld_acquire(&p.sync[1]) < gridDim.x) {
+    while (ld_acquire_gpu(&p.sync[1]) < gridDim.x) {
     }
   }
   sg_consumer_sync();
