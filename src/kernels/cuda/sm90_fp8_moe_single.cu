@@ -2,9 +2,11 @@
 // workspace, its shared-memory plan and the cooperative launch.
 #include <algorithm>
 #include <atomic>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <string>
+#include <vector>
 
 #include "moe_paths.hpp"
 #include "sm90_fp8_moe_single.cuh"
@@ -92,6 +94,51 @@ SgLayout layout(const MoeProblem& p) {
   L.hbuf = c.take(P * p.I * 4);
   L.total = c.off;
   return L;
+}
+
+// Diagnostics, FP8MOE_SINGLE_TRACE=1 (not while a graph is captured): every call synchronises and
+// prints, per phase of the kernel (sm90_fp8_moe_single.cuh, kSgTracePoints), the median and the
+// slowest CTA's time since the first CTA started, in us. Allocates its buffer once (debug only).
+bool trace_wanted(cudaStream_t st) {
+  static const bool env = [] {
+    const char* v = std::getenv("FP8MOE_SINGLE_TRACE");
+    return v && std::strcmp(v, "1") == 0;
+  }();
+  if (!env) return false;
+  cudaStreamCaptureStatus cs = cudaStreamCaptureStatusNone;
+  FP8MOE_CUDA_CHECK(cudaStreamIsCapturing(st, &cs));
+  return cs == cudaStreamCaptureStatusNone;
+}
+unsigned long long* trace_buffer(unsigned ctas) {
+  static unsigned long long* buf = nullptr;
+  static unsigned cap = 0;
+  if (ctas > cap) {
+    if (buf) FP8MOE_CUDA_CHECK(cudaFree(buf));
+    FP8MOE_CUDA_CHECK(cudaMalloc(&buf, sizeof(unsigned long long) * kSgTracePoints * ctas));
+    cap = ctas;
+  }
+  return buf;
+}
+void print_trace(const MoeProblem& p, const unsigned long long* dev, int ctas) {
+  std::vector<unsigned long long> t(static_cast<std::size_t>(ctas) * kSgTracePoints);
+  FP8MOE_CUDA_CHECK(cudaStreamSynchronize(p.stream));
+  FP8MOE_CUDA_CHECK(cudaMemcpy(t.data(), dev, t.size() * sizeof(t[0]), cudaMemcpyDeviceToHost));
+  unsigned long long t0 = ~0ull;
+  for (int b = 0; b < ctas; ++b) t0 = std::min(t0, t[std::size_t(b) * kSgTracePoints]);
+  static const char* const names[kSgTracePoints] = {"start",   "routed", "tables", "gemm1",
+                                                    "barrier", "hquant", "gemm2"};
+  std::fprintf(
+      stderr, "single trace M=%lld H=%lld I=%lld E=%lld topk=%lld kc1=%d stages=%d (%d CTAs):",
+      static_cast<long long>(p.M), static_cast<long long>(p.H), static_cast<long long>(p.I),
+      static_cast<long long>(p.E), static_cast<long long>(p.topk), kc1(p), stages(p), ctas);
+  for (int k = 0; k < kSgTracePoints; ++k) {
+    std::vector<double> us(static_cast<std::size_t>(ctas));
+    for (int b = 0; b < ctas; ++b)
+      us[std::size_t(b)] = double(t[std::size_t(b) * kSgTracePoints + k] - t0) * 1e-3;
+    std::sort(us.begin(), us.end());
+    std::fprintf(stderr, " %s %.1f/%.1f", names[k], us[us.size() / 2], us.back());
+  }
+  std::fprintf(stderr, " (median/max us)\n");
 }
 
 }  // namespace
@@ -183,7 +230,10 @@ void run_single(const MoeProblem& p, void* workspace) {
   attr[0].val.cooperative = 1;
   cfg.attrs = attr;
   cfg.numAttrs = 1;
+  const bool trace = trace_wanted(p.stream);
+  if (trace) sp.trace = trace_buffer(cfg.gridDim.x);
   FP8MOE_CUDA_CHECK(cudaLaunchKernelEx(&cfg, moe_single_kernel, sp));
+  if (trace) print_trace(p, sp.trace, static_cast<int>(cfg.gridDim.x));
 }
 
 }  // namespace fp8moe::cuda

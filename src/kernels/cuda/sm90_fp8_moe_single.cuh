@@ -81,9 +81,21 @@ struct SingleParams {
   float* hbuf;      // (M * topk, I) h at each pair's sorted position
   unsigned* sync;   // [0] routed tokens, [1] CTAs past GEMM1; zero before the launch
   uint16_t* out;    // (M, H) bf16
+  // diagnostics (FP8MOE_SINGLE_TRACE): per CTA, kSgTracePoints global-timer stamps of its phases
+  unsigned long long* trace;
 };
+// start, routed (x quantised, routing known), tables built, GEMM1 done, grid barrier passed,
+// h quantised, GEMM2 done
+constexpr int kSgTracePoints = 7;
 
 // ---- small PTX helpers -------------------------------------------------------------------------
+__device__ __forceinline__ void sg_stamp(const SingleParams& p, int point) {
+  if (p.trace && threadIdx.x == 0) {  // consumer warp 0, lane 0
+    unsigned long long t;
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+    p.trace[blockIdx.x * kSgTracePoints + point] = t;
+  }
+}
 // The 8 consumer warps only (the producer warp never joins).
 __device__ __forceinline__ void sg_consumer_sync() {
   asm volatile("bar.sync 1, %0;\n" ::"n"(kSgWarps * 32) : "memory");
@@ -193,6 +205,7 @@ __global__ void __launch_bounds__(kSgThreads, 1)
   uint8_t* qh = treg;
   float* sh = reinterpret_cast<float*>(treg + P * hpitch);
 
+  sg_stamp(p, 0);
   if (tid == 0) {
     for (int i = 0; i < p.nstages; ++i) {
       mbar_init(&full[i], 1);
@@ -242,6 +255,7 @@ __global__ void __launch_bounds__(kSgThreads, 1)
       }
     __syncthreads();
   }
+  sg_stamp(p, 1);
   if (tid < P) {
     const int e = local_expert(__ldcg(ids + tid), p.expert_map, p.E_global, p.E);
     T.pe[tid] = e;
@@ -287,6 +301,7 @@ __global__ void __launch_bounds__(kSgThreads, 1)
   }
   fence_proxy_async();  // the routing scratch in the ring is rewritten by bulk copies next
   __syncthreads();
+  sg_stamp(p, 2);
   const int n_act = T.n_act;
   const SgPlan plan = sg_plan(p, n_act);
   const int units1 = I / 8;
@@ -437,12 +452,14 @@ __global__ void __launch_bounds__(kSgThreads, 1)
   // ---- grid barrier: every CTA's h is written ---------------------------------------------
   __threadfence();
   sg_consumer_sync();
+  sg_stamp(p, 3);
   if (tid == 0) {
     atomicAdd(&p.sync[1], 1u);
     while (ld_acquire_gpu(&p.sync[1]) < gridDim.x) {
     }
   }
   sg_consumer_sync();
+  sg_stamp(p, 4);
 
   // ---- h -> fp8 in 1x128 groups (every CTA, all pairs; qx is no longer read) --------------
   {
@@ -461,6 +478,7 @@ __global__ void __launch_bounds__(kSgThreads, 1)
     }
   }
   sg_consumer_sync();
+  sg_stamp(p, 5);
 
   // ---- consumers: GEMM2 ------------------------------------------------------------------
   const int nkb2 = plan.nkb2;
@@ -535,6 +553,7 @@ __global__ void __launch_bounds__(kSgThreads, 1)
     }
     sg_consumer_sync();
   }
+  sg_stamp(p, 6);
 }
 
 }  // namespace fp8moe::cuda
