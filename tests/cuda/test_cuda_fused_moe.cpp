@@ -695,6 +695,200 @@ TEST(CudaStreamPath, AutoChoosesSingleStreamOrGroupedForSmallBatches) {
   }
 }
 
+// ---- the single-kernel decode path -------------------------------------------------------------
+
+// Decode batches of the block-FP8 scheme with every feature the single path claims, forced onto
+// it, bit for bit: in-kernel routing from logits, expert maps with padded slots and experts of
+// other ranks, ue8m0 scales, the fused SiLU+quant semantics, other gated activations with limits,
+// intermediates of 1 to 8 K blocks (GEMM2 stages of 8 down to 1 experts), a hidden size that
+// leaves a partial last GEMM1 stage, and a batch whose every slot is on another rank.
+std::vector<ExactCase> single_cases() {
+  std::vector<ExactCase> v;
+  auto add = [&](std::string n, MoeTestSpec s) { v.push_back({std::move(n), s}); };
+  for (int64_t M : {1, 2, 8}) add("block128_M" + std::to_string(M), base_exact(M, 8, 256, 256, 2));
+  add("topk8_E32_M8", base_exact(8, 32, 256, 128, 8));
+  add("I384_H640", base_exact(3, 8, 640, 384, 2));  // GEMM1: one 640-byte stage; GEMM2: 2 / stage
+  add("I1024_H1024", base_exact(5, 8, 1024, 1024, 2));  // GEMM2: 1 expert / stage
+  {
+    auto s = base_exact(6, 16, 256, 128, 2);
+    s.routing = RoutingPattern::kLogits;
+    s.routing_config.method = RoutingMethodType::kRenormalizeNaive;
+    add("logits_renormalize_naive", s);
+  }
+  {
+    auto s = base_exact(7, 8, 256, 128, 3);
+    s.ep_size = 2;
+    s.ep_rank = 1;
+    s.padded_slots = 2;
+    add("expert_map_padded_slots", s);
+  }
+  {
+    auto s = base_exact(4, 16, 256, 128, 2);
+    s.routing = RoutingPattern::kSomeExpertsEmpty;
+    add("some_experts_empty", s);
+  }
+  {
+    auto s = base_exact(5, 8, 256, 256, 2);
+    s.scheme.ue8m0_scales = true;
+    add("ue8m0", s);
+  }
+  {
+    auto s = base_exact(5, 8, 256, 256, 2);
+    s.scheme.fuse_silu_quant = true;
+    add("fused_silu_quant", s);
+  }
+  {
+    auto s = base_exact(4, 8, 256, 128, 2);
+    s.act.activation = MoeActivation::kGelu;
+    add("act_gelu", s);
+  }
+  {
+    auto s = base_exact(4, 8, 256, 128, 2);
+    s.act.activation = MoeActivation::kSwigluOaiUninterleave;
+    s.act.clamp_limit = 7.0;
+    s.act.alpha = 1.702;
+    s.act.beta = 1.0;
+    add("act_swigluoai_uninterleave", s);
+  }
+  {
+    auto s = base_exact(4, 8, 256, 128, 2);
+    s.act.clamp_limit = 448.0 * 64;
+    add("silu_clamp", s);
+  }
+  return v;
+}
+
+class CudaSinglePath : public ::testing::TestWithParam<ExactCase> {};
+
+TEST_P(CudaSinglePath, BitwiseOnTheSinglePath) {
+  SKIP_WITHOUT_SM90();
+  const ExactCase& c = GetParam();
+  const MoeTestProblem p = testing::make_problem(c.spec);
+  const Tensor expected = testing::reference_output(p);
+  MoeTestProblem d = p.to(Device::cuda());
+  ASSERT_EQ(cuda::path_limit(Path::kSingle, d.args()), "");
+  for (int rep = 0; rep < 2; ++rep) {  // twice: the grid counters are zeroed per call
+    const RunResult r = run_on_device(cuda::fused_impl(), p, Path::kSingle);
+    EXPECT_TRUE(r.canaries_ok);
+    EXPECT_TRUE(r.all_written) << r.write_message;
+    const auto cmp = testing::compare_bitwise(r.out_host, expected);
+    EXPECT_TRUE(cmp.ok) << "run " << rep << ": " << cmp.str();
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Cases, CudaSinglePath, ::testing::ValuesIn(single_cases()),
+                         [](const auto& info) { return info.param.name; });
+
+TEST(CudaSinglePathEdges, EverySlotOnAnotherRankGivesZeros) {
+  SKIP_WITHOUT_SM90();
+  MoeTestSpec s = base_exact(5, 8, 256, 128, 2);
+  s.ep_size = 2;
+  s.ep_rank = 0;
+  MoeTestProblem p = testing::make_problem(s);
+  for (int64_t i = 0; i < p.topk_ids.numel(); ++i)  // all slots on rank 1's experts (4..7)
+    p.topk_ids.ptr<int32_t>()[i] = 4 + static_cast<int32_t>(i % 4);
+  MoeTestProblem d = p.to(Device::cuda());
+  ASSERT_EQ(cuda::path_limit(Path::kSingle, d.args()), "");
+  const RunResult r = run_on_device(cuda::fused_impl(), p, Path::kSingle);
+  EXPECT_TRUE(r.all_written) << r.write_message;
+  for (int64_t i = 0; i < r.out_host.numel(); ++i)
+    ASSERT_EQ(testing::element_as_double(r.out_host.view(), i), 0.0);
+}
+
+// What the single path declines, each with its reason (the other paths take these).
+TEST(CudaSinglePathEdges, DeclinesWhatItCannotCompute) {
+  SKIP_WITHOUT_SM90();
+  struct Decline {
+    const char* name;
+    MoeTestSpec spec;
+    const char* reason;
+  };
+  std::vector<Decline> v;
+  v.push_back({"M9", base_exact(9, 8, 256, 128, 2), "more than 8 tokens"});
+  {
+    auto s = base_exact(4, 8, 256, 128, 2);
+    s.bias = true;
+    v.push_back({"bias", s, "biases"});
+  }
+  {
+    auto s = base_exact(4, 8, 256, 128, 2);
+    s.x_dtype = DType::kF32;
+    v.push_back({"f32", s, "f32 activations"});
+  }
+  {
+    auto s = base_exact(4, 8, 256, 128, 1);
+    s.apply_router_weight_on_input = true;
+    v.push_back({"router_on_input", s, "router weight on the input"});
+  }
+  {
+    auto s = base_exact(4, 8, 256, 128, 2);
+    s.act.activation = MoeActivation::kSwigluOai;
+    v.push_back({"interleaved", s, "interleaved gate/up rows"});
+  }
+  {
+    auto s = base_exact(4, 8, 256, 128, 2);
+    s.act.activation = MoeActivation::kSiluNoMul;
+    v.push_back({"no_mul", s, "non-gated activations"});
+  }
+  {
+    auto s = base_exact(4, 8, 256, 128, 2);
+    s.scheme.weight = WeightScaleKind::kPerTensor;
+    s.scheme.act = ActQuantKind::kPerTokenDynamic;
+    v.push_back({"per_tensor", s, "weights must carry 128x128 block scales"});
+  }
+  {
+    auto s = base_exact(2, 8, 256, 128, 2);
+    s.scheme.block_n = 64;
+    s.scheme.block_k = 64;
+    s.scheme.group_k = 64;
+    v.push_back({"refined_block64", s, "weights must carry 128x128 block scales"});
+  }
+  v.push_back({"I2048", base_stat(1, 4, 256, 2048, 2),  // exact mode stops at 1024
+               "intermediate above 1024 (one GEMM2 stage per expert row block)"});
+  for (const Decline& c : v) {
+    const MoeTestProblem p = testing::make_problem(c.spec);
+    MoeTestProblem d = p.to(Device::cuda());
+    EXPECT_EQ(cuda::path_limit(Path::kSingle, d.args()), c.reason) << c.name;
+  }
+}
+
+// Graph capture (the memset of the grid counters and the cooperative launch are captured) and
+// replays equal to the direct run.
+TEST(CudaSinglePathEdges, GraphCaptureReplaysTheSameResult) {
+  SKIP_WITHOUT_SM90();
+  MoeTestSpec s = base_stat(6, 16, 512, 256, 4, 11);
+  const MoeTestProblem p = testing::make_problem(s);
+  MoeTestProblem d = p.to(Device::cuda());
+  ASSERT_EQ(cuda::path_limit(Path::kSingle, d.args()), "");
+  PathGuard guard(Path::kSingle);
+  const ExpertsImpl& impl = cuda::fused_impl();
+  FusedMoeArgs args = d.args();
+  cudaStream_t st;
+  ASSERT_EQ(cudaStreamCreate(&st), cudaSuccess);
+  args.stream = st;
+  const std::size_t bytes = impl.workspace_size(args);
+  Tensor ws = Tensor::empty({static_cast<int64_t>(bytes)}, DType::kU8, Device::cuda());
+  impl.run(args, ws.data());
+  ASSERT_EQ(cudaStreamSynchronize(st), cudaSuccess);
+  Tensor direct = d.out.to(Device::cpu());
+  cudaGraph_t graph;
+  ASSERT_EQ(cudaStreamBeginCapture(st, cudaStreamCaptureModeThreadLocal), cudaSuccess);
+  impl.run(args, ws.data());
+  ASSERT_EQ(cudaStreamEndCapture(st, &graph), cudaSuccess);
+  cudaGraphExec_t exec;
+  ASSERT_EQ(cudaGraphInstantiate(&exec, graph, 0), cudaSuccess);
+  for (int rep = 0; rep < 3; ++rep) {
+    testing::poison(d.out.view());
+    ASSERT_EQ(cudaGraphLaunch(exec, st), cudaSuccess);
+    ASSERT_EQ(cudaStreamSynchronize(st), cudaSuccess);
+    const auto cmp = testing::compare_bitwise(d.out.to(Device::cpu()), direct);
+    EXPECT_TRUE(cmp.ok) << "replay " << rep << ": " << cmp.str();
+  }
+  cudaGraphExecDestroy(exec);
+  cudaGraphDestroy(graph);
+  cudaStreamDestroy(st);
+}
+
 TEST(CudaFusedMoe, BadInputIsAClearError) {
   SKIP_WITHOUT_GPU();
   MoeTestSpec s = base_exact(4, 8, 256, 128, 2);
