@@ -766,13 +766,19 @@ TEST_P(CudaSinglePath, BitwiseOnTheSinglePath) {
   const MoeTestProblem p = testing::make_problem(c.spec);
   const Tensor expected = testing::reference_output(p);
   MoeTestProblem d = p.to(Device::cuda());
-  ASSERT_EQ(cuda::path_limit(Path::kSingle, d.args()), "");
-  for (int rep = 0; rep < 2; ++rep) {  // twice: the grid counters are zeroed per call
-    const RunResult r = run_on_device(cuda::fused_impl(), p, Path::kSingle);
-    EXPECT_TRUE(r.canaries_ok);
-    EXPECT_TRUE(r.all_written) << r.write_message;
-    const auto cmp = testing::compare_bitwise(r.out_host, expected);
-    EXPECT_TRUE(cmp.ok) << "run " << rep << ": " << cmp.str();
+  struct WarpsGuard {
+    ~WarpsGuard() { cuda::set_single_consumer_warps(0); }
+  } guard;
+  for (int warps : {8, 16}) {  // the default and the FP8MOE_SINGLE_WARPS=16 variant
+    cuda::set_single_consumer_warps(warps);
+    ASSERT_EQ(cuda::path_limit(Path::kSingle, d.args()), "") << warps << " warps";
+    for (int rep = 0; rep < 2; ++rep) {  // twice: the grid counters are zeroed per call
+      const RunResult r = run_on_device(cuda::fused_impl(), p, Path::kSingle);
+      EXPECT_TRUE(r.canaries_ok);
+      EXPECT_TRUE(r.all_written) << r.write_message;
+      const auto cmp = testing::compare_bitwise(r.out_host, expected);
+      EXPECT_TRUE(cmp.ok) << warps << " warps, run " << rep << ": " << cmp.str();
+    }
   }
 }
 

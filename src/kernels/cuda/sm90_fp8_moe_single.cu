@@ -43,12 +43,27 @@ int64_t act_bytes(const MoeProblem& p) {
   return round_up(std::max(x, h), 16);
 }
 
+std::atomic<int> g_warps_override{0};
+
+// Consumer warps per CTA: set_single_consumer_warps (tests), else FP8MOE_SINGLE_WARPS=16, else 8.
+int warps() {
+  const int o = g_warps_override.load();
+  if (o == 8 || o == 16) return o;
+  static const int env = [] {
+    const char* v = std::getenv("FP8MOE_SINGLE_WARPS");
+    return v && std::strcmp(v, "16") == 0 ? 16 : 8;
+  }();
+  return env;
+}
+
 // The ring for GEMM1 stages of kc bytes per weight row: stage size and count.
 int stage_bytes_for(int kc) {
-  return static_cast<int>(round_up(std::max(16 * (kc + 16), kSgData2Bytes) + 8 * kSgWinBytes, 128));
+  const int kw = warps();
+  return static_cast<int>(
+      round_up(std::max(16 * (kc + 16), sg_data2_bytes(kw)) + kw * kSgWinBytes, 128));
 }
 int stages_for(const MoeProblem& p, int kc) {
-  const int64_t left = kSgMaxSmem - kSgFixedBytes - act_bytes(p);
+  const int64_t left = kSgMaxSmem - sg_fixed_bytes(warps()) - act_bytes(p);
   return static_cast<int>(
       std::min<int64_t>(kSgMaxStages, std::max<int64_t>(left, 0) / stage_bytes_for(kc)));
 }
@@ -71,12 +86,15 @@ int kc1(const MoeProblem& p) {
     if (stages_for(p, kc) >= kSgMinStages) return kc;
   return 1024;
 }
-int data_bytes(const MoeProblem& p) { return std::max(16 * (kc1(p) + 16), kSgData2Bytes); }
+int data_bytes(const MoeProblem& p) {
+  return std::max(16 * (kc1(p) + 16), sg_data2_bytes(warps()));
+}
 int stage_bytes(const MoeProblem& p) { return stage_bytes_for(kc1(p)); }
 int stages(const MoeProblem& p) { return stages_for(p, kc1(p)); }
 
 int smem_bytes(const MoeProblem& p) {
-  return static_cast<int>(stages(p) * int64_t(stage_bytes(p)) + act_bytes(p) + kSgFixedBytes);
+  return static_cast<int>(stages(p) * int64_t(stage_bytes(p)) + act_bytes(p) +
+                          sg_fixed_bytes(warps()));
 }
 
 bool aligned16(const void* ptr) { return (reinterpret_cast<uintptr_t>(ptr) & 15) == 0; }
@@ -142,6 +160,8 @@ void print_trace(const MoeProblem& p, const unsigned long long* dev, int ctas) {
 }
 
 }  // namespace
+
+void set_single_consumer_warps(int w) { g_warps_override.store(w); }
 
 std::string single_path_limit(const MoeProblem& p) {
   const SgDevice& d = sg_device();
@@ -213,16 +233,19 @@ void run_single(const MoeProblem& p, void* workspace) {
   sp.out = static_cast<uint16_t*>(p.out);
 
   const int smem = smem_bytes(p);
-  static std::atomic<int> configured{0};
-  if (smem > configured.load()) {
+  const int kw = warps();
+  void (*kernel)(SingleParams) = kw == 16 ? moe_single_kernel<16> : moe_single_kernel<8>;
+  static std::atomic<int> configured[2] = {0, 0};
+  std::atomic<int>& conf = configured[kw == 16];
+  if (smem > conf.load()) {
     FP8MOE_CUDA_CHECK(
-        cudaFuncSetAttribute(moe_single_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
-    configured.store(smem);
+        cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+    conf.store(smem);
   }
   FP8MOE_CUDA_CHECK(cudaMemsetAsync(sp.sync, 0, 16, p.stream));
   cudaLaunchConfig_t cfg{};
   cfg.gridDim = dim3(static_cast<unsigned>(sg_device().sms));
-  cfg.blockDim = dim3(kSgThreads);
+  cfg.blockDim = dim3(static_cast<unsigned>(sg_threads(kw)));
   cfg.dynamicSmemBytes = static_cast<size_t>(smem);
   cfg.stream = p.stream;
   cudaLaunchAttribute attr[1];
@@ -232,7 +255,7 @@ void run_single(const MoeProblem& p, void* workspace) {
   cfg.numAttrs = 1;
   const bool trace = trace_wanted(p.stream);
   if (trace) sp.trace = trace_buffer(cfg.gridDim.x);
-  FP8MOE_CUDA_CHECK(cudaLaunchKernelEx(&cfg, moe_single_kernel, sp));
+  FP8MOE_CUDA_CHECK(cudaLaunchKernelEx(&cfg, kernel, sp));
   if (trace) print_trace(p, sp.trace, static_cast<int>(cfg.gridDim.x));
 }
 

@@ -11,20 +11,20 @@
 // routing result and "every CTA has finished GEMM1" -- while a CTA waits for the latter its ring
 // already holds its first GEMM2 weights.
 //
-// Per CTA (8 consumer warps + 1 producer warp):
+// Per CTA (kW = 8 or 16 consumer warps + 1 producer warp):
 //   0. CTA b < M routes token b from the logits (when routing in the kernel) and publishes it
 //      (sync[0]); every CTA quantises the M token rows of x into shared memory (1x128 groups),
 //      then waits for the routing and builds the pair tables (active local experts ascending, each
 //      expert's pairs in pair order: the stream path's layout) in shared memory.
 //   1. GEMM1 units: (active expert, 8 output columns) = 8 gate rows + the 8 matching up rows of
 //      w13, K = H in stages of <= kc1 bytes per row. Consumer warp w takes the 128-wide K blocks
-//      w, w + 8, ... of each stage (mma.sync m16n8k32 e4m3: weights as the 16 A rows, the expert's
+//      w, w + kW, ... of each stage (mma.sync m16n8k32 e4m3: weights as the 16 A rows, the expert's
 //      <= 8 tokens as the B columns), promotes it with the activation group scale and the weight
 //      block scale (both from shared memory: the producer copies the stage's scale words next to
-//      it), and the 8 warps' sums are added in warp order at the end of the unit. Warp 0 applies
+//      it), and the kW warps' sums are added in warp order at the end of the unit. Warp 0 applies
 //      the activation (rounded like the reference) and writes h to global memory.
 //   2. Grid barrier (sync[1]); every CTA quantises all of h (1x128 groups) into shared memory.
-//   3. GEMM2 units: 16 rows of w2 for every active expert (a stage holds 8 / (I / 128) experts),
+//   3. GEMM2 units: 16 rows of w2 for every active expert (a stage holds kW / (I / 128) experts),
 //      each warp one (expert, 128-wide K block); the K blocks of an expert are added in order,
 //      times the router weight, rounded to bf16 (y2), and the unit's output rows are the sums of
 //      each token's local slots in slot order (the reference's top-k sum). No atomics on data, so
@@ -42,19 +42,20 @@
 
 namespace fp8moe::cuda {
 
-constexpr int kSgWarps = 8;  // consumer warps; warp 8 is the producer
-constexpr int kSgThreads = (kSgWarps + 1) * 32;
+// kW consumer warps (8, or 16 with FP8MOE_SINGLE_WARPS=16); warp kW is the producer
+constexpr int sg_threads(int kW) { return (kW + 1) * 32; }
 constexpr int kSgMaxM = 8;
 constexpr int kSgMaxPairs = 64;  // M * topk
 constexpr int kSgMaxStages = 12;
 // A stage: GEMM1 16 rows of <= kc1 bytes (pitch kc1 + 16: conflict-free fragment loads), GEMM2
-// 16 rows x I of <= 8 / (I / 128) experts (one contiguous copy each, pitch I), then 8 scale
+// 16 rows x I of <= kW / (I / 128) experts (one contiguous copy each, pitch I), then kW scale
 // windows of kSgWinBytes.
-constexpr int kSgWinBytes = 160;      // one scale window: <= 32 floats, 16-byte aligned copy
-constexpr int kSgData2Bytes = 16384;  // (8 / nkb) * 16 * 128 nkb
-constexpr int kSgFixedBytes = 16 * kSgMaxStages + 4096 + 2 * kSgWarps * 32 * 16 +
-                              kSgMaxPairs * 16 * 4;  // barriers, tables, reductions, y2 rows
-static_assert(route_smem_bytes(kRouteMaxExperts) <= 4 * kSgData2Bytes, "routing scratch in ring");
+constexpr int kSgWinBytes = 160;  // one scale window: <= 32 floats, 16-byte aligned copy
+constexpr int sg_data2_bytes(int kW) { return kW * 2048; }  // (kW / nkb) * 16 * 128 nkb
+// barriers, tables, reductions, y2 rows
+constexpr int sg_fixed_bytes(int kW) {
+  return 16 * kSgMaxStages + 4096 + 2 * kW * 32 * 16 + kSgMaxPairs * 16 * 4;
+}
 
 struct SingleParams {
   int M, H, I, E, E_global, topk;
@@ -75,8 +76,8 @@ struct SingleParams {
   ActParams ap;
   int nstages;
   int kc1;          // GEMM1 bytes per row and stage (a multiple of 1024)
-  int data_bytes;   // max(16 * (kc1 + 16), kSgData2Bytes)
-  int stage_bytes;  // data_bytes + 8 windows, a multiple of 128
+  int data_bytes;   // max(16 * (kc1 + 16), sg_data2_bytes(kW))
+  int stage_bytes;  // data_bytes + kW windows, a multiple of 128
   int act_bytes;    // shared bytes of the token region (qx + sx, or qh + sh)
   float* hbuf;      // (M * topk, I) h at each pair's sorted position
   unsigned* sync;   // [0] routed tokens, [1] CTAs past GEMM1; zero before the launch
@@ -96,9 +97,10 @@ __device__ __forceinline__ void sg_stamp(const SingleParams& p, int point) {
     p.trace[blockIdx.x * kSgTracePoints + point] = t;
   }
 }
-// The 8 consumer warps only (the producer warp never joins).
+// The kW consumer warps only (the producer warp never joins).
+template <int kW>
 __device__ __forceinline__ void sg_consumer_sync() {
-  asm volatile("bar.sync 1, %0;\n" ::"n"(kSgWarps * 32) : "memory");
+  asm volatile("bar.sync 1, %0;\n" ::"n"(kW * 32) : "memory");
 }
 
 // A 16-byte aligned window of <= kSgWinBytes holding the n (<= 32) floats at p, kept inside the
@@ -136,6 +138,7 @@ struct SgPlan {
   int u2_first, u2_count, ns2;
   int epx, nkb2;
 };
+template <int kW>
 __device__ __forceinline__ SgPlan sg_plan(const SingleParams& p, int n_act) {
   SgPlan q;
   const int G = gridDim.x, b = blockIdx.x;
@@ -149,7 +152,7 @@ __device__ __forceinline__ SgPlan sg_plan(const SingleParams& p, int n_act) {
   q.u2_first = b2;
   q.u2_count = b2 < U2 ? (U2 - b2 + G - 1) / G : 0;
   q.nkb2 = p.I / 128;
-  q.epx = kSgWarps / q.nkb2;
+  q.epx = kW / q.nkb2;
   q.ns2 = (n_act + q.epx - 1) / q.epx;
   return q;
 }
@@ -183,7 +186,8 @@ __device__ __forceinline__ void sg_block_mma(const uint8_t* a, int pitch, const 
   }
 }
 
-__global__ void __launch_bounds__(kSgThreads, 1)
+template <int kW>
+__global__ void __launch_bounds__(sg_threads(kW), 1)
     moe_single_kernel(const __grid_constant__ SingleParams p) {
   extern __shared__ __align__(128) unsigned char sg_smem[];
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, t4 = lane & 3;
@@ -195,7 +199,7 @@ __global__ void __launch_bounds__(kSgThreads, 1)
   uint64_t* empty = full + kSgMaxStages;
   SgTables& T = *reinterpret_cast<SgTables*>(empty + kSgMaxStages);
   float* red = reinterpret_cast<float*>(reinterpret_cast<unsigned char*>(&T) + 4096);
-  float* ybuf = red + 2 * kSgWarps * 32 * 4;
+  float* ybuf = red + 2 * kW * 32 * 4;
   static_assert(sizeof(SgTables) <= 4096);
   // token region: GEMM1 qx (M rows, pitch H + 16) + sx (M x H / 128); GEMM2 qh (P rows, pitch
   // I + 16) + sh (P x I / 128)
@@ -209,7 +213,7 @@ __global__ void __launch_bounds__(kSgThreads, 1)
   if (tid == 0) {
     for (int i = 0; i < p.nstages; ++i) {
       mbar_init(&full[i], 1);
-      mbar_init(&empty[i], kSgWarps);
+      mbar_init(&empty[i], kW);
     }
     fence_barrier_init();
   }
@@ -231,7 +235,7 @@ __global__ void __launch_bounds__(kSgThreads, 1)
   }
   {  // x rows -> fp8 in 1x128 groups (16 threads of 8 columns per group)
     const int c8n = H / 8, total = M * c8n;
-    for (int b0 = 0; b0 < total; b0 += kSgThreads) {
+    for (int b0 = 0; b0 < total; b0 += sg_threads(kW)) {
       const int i = b0 + tid;
       const bool ok = i < total;
       const int t = ok ? i / c8n : 0, c8 = ok ? i % c8n : 0;
@@ -303,11 +307,11 @@ __global__ void __launch_bounds__(kSgThreads, 1)
   __syncthreads();
   sg_stamp(p, 2);
   const int n_act = T.n_act;
-  const SgPlan plan = sg_plan(p, n_act);
+  const SgPlan plan = sg_plan<kW>(p, n_act);
   const int units1 = I / 8;
 
   // ---- producer warp ---------------------------------------------------------------------
-  if (warp == kSgWarps) {
+  if (warp == kW) {
     int it = 0;
     auto next_slot = [&](uint32_t bytes) {
       const int s = it % p.nstages;
@@ -409,7 +413,7 @@ __global__ void __launch_bounds__(kSgThreads, 1)
                   p.w1_scale_end, &l, &ou);
         const float* win = reinterpret_cast<const float*>(stage + p.data_bytes);
         // K blocks warp, warp + 8, ...: over the stages each warp sums its blocks in K order
-        for (int b = warp; b < nkb; b += kSgWarps) {
+        for (int b = warp; b < nkb; b += kW) {
           float part[4];
           sg_block_mma(stage + b * 128, pitch1, bcol ? bcol + k0 + b * 128 : nullptr, part);
           const float sw_g = win[og + b];
@@ -426,15 +430,15 @@ __global__ void __launch_bounds__(kSgThreads, 1)
       __syncwarp();
       if (lane == 0) mbar_arrive(&empty[s]);
     }
-    // the 8 warps' sums in warp order; warp 0 finishes the unit
-    float* rb = red + red_buf * (kSgWarps * 32 * 4);
+    // the kW warps' sums in warp order; warp 0 finishes the unit
+    float* rb = red + red_buf * (kW * 32 * 4);
     red_buf ^= 1;
 #pragma unroll
     for (int r = 0; r < 4; ++r) rb[(warp * 32 + lane) * 4 + r] = total[r];
-    sg_consumer_sync();
+    sg_consumer_sync<kW>();
     if (warp == 0) {
       float v[4] = {total[0], total[1], total[2], total[3]};
-      for (int w = 1; w < kSgWarps; ++w)
+      for (int w = 1; w < kW; ++w)
 #pragma unroll
         for (int r = 0; r < 4; ++r) v[r] += rb[(w * 32 + lane) * 4 + r];
 #pragma unroll
@@ -451,20 +455,20 @@ __global__ void __launch_bounds__(kSgThreads, 1)
 
   // ---- grid barrier: every CTA's h is written ---------------------------------------------
   __threadfence();
-  sg_consumer_sync();
+  sg_consumer_sync<kW>();
   sg_stamp(p, 3);
   if (tid == 0) {
     atomicAdd(&p.sync[1], 1u);
     while (ld_acquire_gpu(&p.sync[1]) < gridDim.x) {
     }
   }
-  sg_consumer_sync();
+  sg_consumer_sync<kW>();
   sg_stamp(p, 4);
 
   // ---- h -> fp8 in 1x128 groups (every CTA, all pairs; qx is no longer read) --------------
   {
     const int nkb2 = I / 128, items = T.n_valid * nkb2;
-    for (int i = warp; i < items; i += kSgWarps) {
+    for (int i = warp; i < items; i += kW) {
       const int pos = i / nkb2, grp = i % nkb2;
       const float4 v =
           __ldcg(reinterpret_cast<const float4*>(p.hbuf + int64_t(pos) * I + grp * 128) + lane);
@@ -477,7 +481,7 @@ __global__ void __launch_bounds__(kSgThreads, 1)
       if (lane == 0) sh[pos * nkb2 + grp] = s;
     }
   }
-  sg_consumer_sync();
+  sg_consumer_sync<kW>();
   sg_stamp(p, 5);
 
   // ---- consumers: GEMM2 ------------------------------------------------------------------
@@ -518,11 +522,11 @@ __global__ void __launch_bounds__(kSgThreads, 1)
       }
       __syncwarp();
       if (lane == 0) mbar_arrive(&empty[s]);
-      float* rb = red + red_buf * (kSgWarps * 32 * 4);
+      float* rb = red + red_buf * (kW * 32 * 4);
       red_buf ^= 1;
 #pragma unroll
       for (int r = 0; r < 4; ++r) rb[(warp * 32 + lane) * 4 + r] = res[r];
-      sg_consumer_sync();
+      sg_consumer_sync<kW>();
       if (mine && kb == 0) {  // the expert's K blocks in order, * router weight, rounded (y2)
         float v[4] = {0.0f, 0.0f, 0.0f, 0.0f};
         for (int b = 0; b < nkb2; ++b)
@@ -539,9 +543,9 @@ __global__ void __launch_bounds__(kSgThreads, 1)
         }
       }
     }
-    sg_consumer_sync();
+    sg_consumer_sync<kW>();
     // the unit's 16 output rows of every token: its local slots in slot order
-    for (int i = tid; i < M * 16; i += kSgWarps * 32) {
+    for (int i = tid; i < M * 16; i += kW * 32) {
       const int t = i / 16, r = i % 16;
       float acc = 0.0f;
       for (int sl = 0; sl < topk; ++sl) {
@@ -551,7 +555,7 @@ __global__ void __launch_bounds__(kSgThreads, 1)
       }
       p.out[int64_t(t) * H + n0 + r] = float_to_bf16_bits(acc);
     }
-    sg_consumer_sync();
+    sg_consumer_sync<kW>();
   }
   sg_stamp(p, 6);
 }
