@@ -546,13 +546,19 @@ INSTANTIATE_TEST_SUITE_P(Cases, CudaStatistical, ::testing::ValuesIn(stat_cases(
 
 // ---- graph capture, determinism, edges ---------------------------------------------------------
 
+// (The single path takes decode batches only: it replays 6 tokens, with its counter memset and
+// cooperative launch inside the graph.)
 TEST(CudaFusedMoe, GraphCaptureReplaysTheSameResult) {  // pitfall 33
   SKIP_WITHOUT_GPU();
   for (Path path : kAllPaths) {
-    MoeTestSpec s = base_stat(24, 16, 512, 256, 4, 11);
+    MoeTestSpec s = base_stat(path == Path::kSingle ? 6 : 24, 16, 512, 256, 4, 11);
     const MoeTestProblem p = testing::make_problem(s);
     MoeTestProblem d = p.to(Device::cuda());
-    if (!cuda::path_limit(path, d.args()).empty()) continue;
+    const std::string limit = cuda::path_limit(path, d.args());
+    if (path == Path::kSingle && cuda::device_capability() == 90) {
+      ASSERT_EQ(limit, "");
+    }
+    if (!limit.empty()) continue;
     SCOPED_TRACE(std::string("path ") + cuda::path_name(path));
     PathGuard guard(path);
     const ExpertsImpl& impl = cuda::fused_impl();
@@ -856,43 +862,6 @@ TEST(CudaSinglePathEdges, DeclinesWhatItCannotCompute) {
     MoeTestProblem d = p.to(Device::cuda());
     EXPECT_EQ(cuda::path_limit(Path::kSingle, d.args()), c.reason) << c.name;
   }
-}
-
-// Graph capture (the memset of the grid counters and the cooperative launch are captured) and
-// replays equal to the direct run.
-TEST(CudaSinglePathEdges, GraphCaptureReplaysTheSameResult) {
-  SKIP_WITHOUT_SM90();
-  MoeTestSpec s = base_stat(6, 16, 512, 256, 4, 11);
-  const MoeTestProblem p = testing::make_problem(s);
-  MoeTestProblem d = p.to(Device::cuda());
-  ASSERT_EQ(cuda::path_limit(Path::kSingle, d.args()), "");
-  PathGuard guard(Path::kSingle);
-  const ExpertsImpl& impl = cuda::fused_impl();
-  FusedMoeArgs args = d.args();
-  cudaStream_t st;
-  ASSERT_EQ(cudaStreamCreate(&st), cudaSuccess);
-  args.stream = st;
-  const std::size_t bytes = impl.workspace_size(args);
-  Tensor ws = Tensor::empty({static_cast<int64_t>(bytes)}, DType::kU8, Device::cuda());
-  impl.run(args, ws.data());
-  ASSERT_EQ(cudaStreamSynchronize(st), cudaSuccess);
-  Tensor direct = d.out.to(Device::cpu());
-  cudaGraph_t graph;
-  ASSERT_EQ(cudaStreamBeginCapture(st, cudaStreamCaptureModeThreadLocal), cudaSuccess);
-  impl.run(args, ws.data());
-  ASSERT_EQ(cudaStreamEndCapture(st, &graph), cudaSuccess);
-  cudaGraphExec_t exec;
-  ASSERT_EQ(cudaGraphInstantiate(&exec, graph, 0), cudaSuccess);
-  for (int rep = 0; rep < 3; ++rep) {
-    testing::poison(d.out.view());
-    ASSERT_EQ(cudaGraphLaunch(exec, st), cudaSuccess);
-    ASSERT_EQ(cudaStreamSynchronize(st), cudaSuccess);
-    const auto cmp = testing::compare_bitwise(d.out.to(Device::cpu()), direct);
-    EXPECT_TRUE(cmp.ok) << "replay " << rep << ": " << cmp.str();
-  }
-  cudaGraphExecDestroy(exec);
-  cudaGraphDestroy(graph);
-  cudaStreamDestroy(st);
 }
 
 TEST(CudaFusedMoe, BadInputIsAClearError) {
