@@ -683,18 +683,25 @@ TEST(CudaStreamPath, ExpertMapPaddedSlotsAndEmptyExperts) {
   }
 }
 
-// The auto choice for small batches of the block-FP8 models (docs/PERFORMANCE.md, runs 8 and
-// 11): one token on the single-kernel path where it can run (sm_90), else the stream path; from
-// M = 8 the grouped path where it can run (sm_90, B128 scheme), else the stream path.
+// The auto choice for small batches of the block-FP8 models (docs/PERFORMANCE.md, runs 8, 11
+// and 12): one token with an intermediate of at most 512 on the single-kernel path where it can
+// run (sm_90); from 2 tokens, or one token with a larger intermediate, the grouped path where it
+// can run (sm_90, B128 scheme); else the stream path.
 TEST(CudaStreamPath, AutoChoosesSingleStreamOrGroupedForSmallBatches) {
   SKIP_WITHOUT_GPU();
-  for (int64_t M : {1, 4, 8, 32}) {
-    const MoeTestProblem p = testing::make_problem(base_stat(M, 16, 512, 256, 4, 3));
+  struct Point {
+    int64_t M, I;
+  };
+  for (const Point pt : {Point{1, 256}, Point{1, 640}, Point{2, 256}, Point{4, 256}, Point{8, 256},
+                         Point{32, 256}}) {
+    const MoeTestProblem p = testing::make_problem(base_stat(pt.M, 16, 512, pt.I, 4, 3));
     MoeTestProblem d = p.to(Device::cuda());
-    const bool grouped = M >= 8 && cuda::path_limit(Path::kGrouped, d.args()).empty();
-    const bool single = M == 1 && cuda::path_limit(Path::kSingle, d.args()).empty();
+    const bool grouped =
+        (pt.M >= 2 || pt.I > 512) && cuda::path_limit(Path::kGrouped, d.args()).empty();
+    const bool single =
+        pt.M == 1 && pt.I <= 512 && cuda::path_limit(Path::kSingle, d.args()).empty();
     const Path want = single ? Path::kSingle : (grouped ? Path::kGrouped : Path::kStream);
-    EXPECT_EQ(cuda::choose_path(d.args()), want) << "M=" << M;
+    EXPECT_EQ(cuda::choose_path(d.args()), want) << "M=" << pt.M << " I=" << pt.I;
     // the tools' explanation names the same path and the rule that chose it
     const std::string how = cuda::fused_impl().describe_call(d.args());
     EXPECT_EQ(how.rfind(std::string(cuda::path_name(want)) + " path (auto: ", 0), 0u) << how;
@@ -772,19 +779,13 @@ TEST_P(CudaSinglePath, BitwiseOnTheSinglePath) {
   const MoeTestProblem p = testing::make_problem(c.spec);
   const Tensor expected = testing::reference_output(p);
   MoeTestProblem d = p.to(Device::cuda());
-  struct WarpsGuard {
-    ~WarpsGuard() { cuda::set_single_consumer_warps(0); }
-  } guard;
-  for (int warps : {8, 16}) {  // the default and the FP8MOE_SINGLE_WARPS=16 variant
-    cuda::set_single_consumer_warps(warps);
-    ASSERT_EQ(cuda::path_limit(Path::kSingle, d.args()), "") << warps << " warps";
-    for (int rep = 0; rep < 2; ++rep) {  // twice: the grid counters are zeroed per call
-      const RunResult r = run_on_device(cuda::fused_impl(), p, Path::kSingle);
-      EXPECT_TRUE(r.canaries_ok);
-      EXPECT_TRUE(r.all_written) << r.write_message;
-      const auto cmp = testing::compare_bitwise(r.out_host, expected);
-      EXPECT_TRUE(cmp.ok) << warps << " warps, run " << rep << ": " << cmp.str();
-    }
+  ASSERT_EQ(cuda::path_limit(Path::kSingle, d.args()), "");
+  for (int rep = 0; rep < 2; ++rep) {  // twice: the grid counters are zeroed per call
+    const RunResult r = run_on_device(cuda::fused_impl(), p, Path::kSingle);
+    EXPECT_TRUE(r.canaries_ok);
+    EXPECT_TRUE(r.all_written) << r.write_message;
+    const auto cmp = testing::compare_bitwise(r.out_host, expected);
+    EXPECT_TRUE(cmp.ok) << "run " << rep << ": " << cmp.str();
   }
 }
 

@@ -73,17 +73,21 @@ Path path_override() {
 }
 
 namespace {
+// One token: the single path up to this intermediate size, above it the grouped path (run 12: the
+// single kernel wins at I = 256 and 384 by 6-21%, loses at I = 768 and 1024 by 7-26%).
+constexpr int64_t kSingleTokenMaxI = 512;
 // The grouped path: the cuda_grouped implementation's own limits (B128 scheme, bf16, gated, H and
 // I multiples of 128) and its device (capability 9.0 with this binary's sm_90a code).
 std::string grouped_path_limit(const MoeProblem& p) {
   if (!grouped_impl().available()) return "the grouped GEMMs run on sm_90 (wgmma + TMA) only";
   return grouped_problem_limit(p);
 }
-// Measured on the H200 (docs/PERFORMANCE.md, run 8): the grouped path beats the stream path at
-// M >= 8 on every models.md shape it takes (equal to 2.45x) and the wgmma path at every M >= 128
-// (1.8-4.9x); at M = 1 it is 4-7% faster on four shapes, equal on one and 26% slower on
-// DeepSeek-V3 TP8, so single tokens stay on the stream path.
-bool grouped_path_preferred(const MoeProblem& p) { return p.M >= 8; }
+// Measured on the H200 (docs/PERFORMANCE.md, runs 8 and 12): the grouped path beats the stream
+// path at M >= 8 on every models.md shape it takes (equal to 2.45x) and the wgmma path at every
+// M >= 128 (1.8-4.9x); since the block routing (run 9) it also wins at M = 2-6 on every block-FP8
+// shape (equal to 1.5x; the single path is 10% ahead on Qwen3-Next at M = 2 only) and at M = 1
+// where the intermediate is large (DeepSeek-V3 TP2 72 vs 90 us, Qwen3-30B 34 vs 36-40).
+bool grouped_path_preferred(const MoeProblem& p) { return p.M >= 2 || p.I > kSingleTokenMaxI; }
 }  // namespace
 
 std::string path_limit(Path p, const FusedMoeArgs& args) {
@@ -142,21 +146,22 @@ Path choose(const MoeProblem& p, std::string* why = nullptr) {
       return t;
     }
   }
-  // Measured on the H200 (docs/PERFORMANCE.md, run 11): for one token the single-kernel path is
-  // faster than the stream path on five of the six block-FP8 models.md shapes (-13 to -22%) and
-  // equal on the sixth (DeepSeek-V3 TP2, -1%); from 2 tokens it loses on half of them and from 8
-  // the grouped path is 1.4-2x faster.
-  if (p.M == 1 && single_path_limit(p).empty()) {
-    if (why) *why = "auto: one token and the single-kernel path takes it";
+  // Measured on the H200 (docs/PERFORMANCE.md, runs 11 and 12): for one token with an
+  // intermediate of at most 512 the single-kernel path is the fastest (DeepSeek-V3 TP8, Qwen3-235B,
+  // Qwen3-Next, MiniMax-M2); from 2 tokens, or with a larger intermediate, the grouped path.
+  if (p.M == 1 && p.I <= kSingleTokenMaxI && single_path_limit(p).empty()) {
+    if (why) *why = "auto: one token, intermediate <= 512 and the single-kernel path takes it";
     return Path::kSingle;
   }
   const std::string grouped_why = grouped_path_limit(p);
   if (grouped_path_preferred(p) && grouped_why.empty()) {
-    if (why) *why = fmt::format("auto: M = {} >= 8 and the grouped GEMMs take it", p.M);
+    if (why)
+      *why = p.M >= 2 ? fmt::format("auto: M = {} >= 2 and the grouped GEMMs take it", p.M)
+                      : "auto: one token, intermediate > 512 and the grouped GEMMs take it";
     return Path::kGrouped;
   }
   auto not_grouped = [&] {
-    return grouped_why.empty() ? fmt::format("M = {} < 8", p.M) : "grouped: " + grouped_why;
+    return grouped_why.empty() ? "one token, intermediate <= 512" : "grouped: " + grouped_why;
   };
   const std::string stream_why = stream_path_limit(p);
   if (stream_why.empty() && stream_path_preferred(p)) {

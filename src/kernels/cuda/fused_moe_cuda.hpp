@@ -49,10 +49,6 @@ Path choose_path(const FusedMoeArgs& args);
 // Why a fast path cannot take this problem ("" when it can).
 std::string path_limit(Path p, const FusedMoeArgs& args);
 
-// Test / benchmark hook: consumer warps per CTA of the single path (8 or 16; 0 restores the
-// default: FP8MOE_SINGLE_WARPS, else 8).
-void set_single_consumer_warps(int warps);
-
 // Benchmark hook: while on, run() of the generic and wgmma paths launches only GEMM1 and GEMM2
 // over the workspace a previous run() with the same arguments filled (routing, alignment,
 // quantisation, activation and the top-k sum are skipped; the stream path skips routing and its

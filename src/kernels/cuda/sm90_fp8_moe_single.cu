@@ -10,6 +10,7 @@
 
 #include "moe_paths.hpp"
 #include "sm90_fp8_moe_single.cuh"
+#include "sm90_tma.hpp"
 
 namespace fp8moe::cuda {
 
@@ -43,27 +44,13 @@ int64_t act_bytes(const MoeProblem& p) {
   return round_up(std::max(x, h), 16);
 }
 
-std::atomic<int> g_warps_override{0};
-
-// Consumer warps per CTA: set_single_consumer_warps (tests), else FP8MOE_SINGLE_WARPS=16, else 8.
-int warps() {
-  const int o = g_warps_override.load();
-  if (o == 8 || o == 16) return o;
-  static const int env = [] {
-    const char* v = std::getenv("FP8MOE_SINGLE_WARPS");
-    return v && std::strcmp(v, "16") == 0 ? 16 : 8;
-  }();
-  return env;
-}
-
 // The ring for GEMM1 stages of kc bytes per weight row: stage size and count.
 int stage_bytes_for(int kc) {
-  const int kw = warps();
   return static_cast<int>(
-      round_up(std::max(16 * (kc + 16), sg_data2_bytes(kw)) + kw * kSgWinBytes, 128));
+      round_up(std::max(16 * kc, sg_data2_bytes(kSgWarps)) + kSgWarps * kSgWinBytes, 128));
 }
 int stages_for(const MoeProblem& p, int kc) {
-  const int64_t left = kSgMaxSmem - sg_fixed_bytes(warps()) - act_bytes(p);
+  const int64_t left = kSgMaxSmem - sg_fixed_bytes(kSgWarps) - act_bytes(p);
   return static_cast<int>(
       std::min<int64_t>(kSgMaxStages, std::max<int64_t>(left, 0) / stage_bytes_for(kc)));
 }
@@ -86,15 +73,13 @@ int kc1(const MoeProblem& p) {
     if (stages_for(p, kc) >= kSgMinStages) return kc;
   return 1024;
 }
-int data_bytes(const MoeProblem& p) {
-  return std::max(16 * (kc1(p) + 16), sg_data2_bytes(warps()));
-}
+int data_bytes(const MoeProblem& p) { return std::max(16 * kc1(p), sg_data2_bytes(kSgWarps)); }
 int stage_bytes(const MoeProblem& p) { return stage_bytes_for(kc1(p)); }
 int stages(const MoeProblem& p) { return stages_for(p, kc1(p)); }
 
 int smem_bytes(const MoeProblem& p) {
   return static_cast<int>(stages(p) * int64_t(stage_bytes(p)) + act_bytes(p) +
-                          sg_fixed_bytes(warps()));
+                          sg_fixed_bytes(kSgWarps));
 }
 
 bool aligned16(const void* ptr) { return (reinterpret_cast<uintptr_t>(ptr) & 15) == 0; }
@@ -115,8 +100,10 @@ SgLayout layout(const MoeProblem& p) {
 }
 
 // Diagnostics, FP8MOE_SINGLE_TRACE=1 (not while a graph is captured): every call synchronises and
-// prints, per phase of the kernel (sm90_fp8_moe_single.cuh, kSgTracePoints), the median and the
-// slowest CTA's time since the first CTA started, in us. Allocates its buffer once (debug only).
+// prints, per phase of the kernel (sm90_fp8_moe_single.cuh, SgTrace), CTA 0's, the median and the
+// slowest CTA's time since the first CTA started, and the median / largest time a CTA's consumer
+// warp 0 waited for data (GEMM1, GEMM2) and its producer for free slots, in us. Allocates its
+// buffer once (debug only).
 bool trace_wanted(cudaStream_t st) {
   static const bool env = [] {
     const char* v = std::getenv("FP8MOE_SINGLE_TRACE");
@@ -143,25 +130,40 @@ void print_trace(const MoeProblem& p, const unsigned long long* dev, int ctas) {
   FP8MOE_CUDA_CHECK(cudaMemcpy(t.data(), dev, t.size() * sizeof(t[0]), cudaMemcpyDeviceToHost));
   unsigned long long t0 = ~0ull;
   for (int b = 0; b < ctas; ++b) t0 = std::min(t0, t[std::size_t(b) * kSgTracePoints]);
-  static const char* const names[kSgTracePoints] = {"start",   "routed", "tables", "gemm1",
-                                                    "barrier", "hquant", "gemm2"};
-  std::fprintf(
-      stderr, "single trace M=%lld H=%lld I=%lld E=%lld topk=%lld kc1=%d stages=%d (%d CTAs):",
-      static_cast<long long>(p.M), static_cast<long long>(p.H), static_cast<long long>(p.I),
-      static_cast<long long>(p.E), static_cast<long long>(p.topk), kc1(p), stages(p), ctas);
+  static const char* const names[kSgTracePoints] = {
+      "start", "own-route", "xquant",     "routed",     "tables",
+      "data1", "gemm1",     "barrier",    "hquant",     "data2",
+      "gemm2", "prod-end",  "wait-full1", "wait-full2", "wait-empty"};
+  int khz = 0;
+  cudaDeviceGetAttribute(&khz, cudaDevAttrClockRate, 0);
+  std::fprintf(stderr,
+               "single trace M=%lld H=%lld I=%lld E=%lld topk=%lld kc1=%d stages=%d warps=%d (%d "
+               "CTAs), us since the first start: CTA 0 / median / max (waits: median / max)\n ",
+               static_cast<long long>(p.M), static_cast<long long>(p.H),
+               static_cast<long long>(p.I), static_cast<long long>(p.E),
+               static_cast<long long>(p.topk), kc1(p), stages(p), kSgWarps, ctas);
   for (int k = 0; k < kSgTracePoints; ++k) {
-    std::vector<double> us(static_cast<std::size_t>(ctas));
-    for (int b = 0; b < ctas; ++b)
-      us[std::size_t(b)] = double(t[std::size_t(b) * kSgTracePoints + k] - t0) * 1e-3;
+    const bool wait = k >= kTrWaitFull1;
+    std::vector<double> us;
+    for (int b = 0; b < ctas; ++b) {
+      const unsigned long long v = t[std::size_t(b) * kSgTracePoints + k];
+      if (wait)
+        us.push_back(double(v) / std::max(khz, 1) * 1e3);
+      else if (v)  // 0: not reached (e.g. no GEMM1 unit)
+        us.push_back(double(v - t0) * 1e-3);
+    }
+    if (us.empty()) continue;
+    const double cta0 = us.front();
     std::sort(us.begin(), us.end());
-    std::fprintf(stderr, " %s %.1f/%.1f", names[k], us[us.size() / 2], us.back());
+    if (wait)
+      std::fprintf(stderr, " %s %.1f/%.1f", names[k], us[us.size() / 2], us.back());
+    else
+      std::fprintf(stderr, " %s %.1f/%.1f/%.1f", names[k], cta0, us[us.size() / 2], us.back());
   }
-  std::fprintf(stderr, " (median/max us)\n");
+  std::fprintf(stderr, "\n");
 }
 
 }  // namespace
-
-void set_single_consumer_warps(int w) { g_warps_override.store(w); }
 
 std::string single_path_limit(const MoeProblem& p) {
   const SgDevice& d = sg_device();
@@ -232,11 +234,12 @@ void run_single(const MoeProblem& p, void* workspace) {
   sp.sync = reinterpret_cast<unsigned*>(ws + L.sync);
   sp.out = static_cast<uint16_t*>(p.out);
 
+  // GEMM1 weights: boxes of 8 rows x kc1 bytes of w13 (E * 2I rows of H bytes)
+  const CUtensorMap tm_w1 = make_tma_rows_kblocks_u8(p.w1.w, p.H, p.E * 2 * p.I, sp.kc1 / 128, 8);
+
   const int smem = smem_bytes(p);
-  const int kw = warps();
-  void (*kernel)(SingleParams) = kw == 16 ? moe_single_kernel<16> : moe_single_kernel<8>;
-  static std::atomic<int> configured[2] = {0, 0};
-  std::atomic<int>& conf = configured[kw == 16];
+  void (*kernel)(SingleParams, CUtensorMap) = moe_single_kernel<kSgWarps>;
+  static std::atomic<int> conf{0};
   if (smem > conf.load()) {
     FP8MOE_CUDA_CHECK(
         cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
@@ -245,7 +248,7 @@ void run_single(const MoeProblem& p, void* workspace) {
   FP8MOE_CUDA_CHECK(cudaMemsetAsync(sp.sync, 0, 16, p.stream));
   cudaLaunchConfig_t cfg{};
   cfg.gridDim = dim3(static_cast<unsigned>(sg_device().sms));
-  cfg.blockDim = dim3(static_cast<unsigned>(sg_threads(kw)));
+  cfg.blockDim = dim3(static_cast<unsigned>(sg_threads(kSgWarps)));
   cfg.dynamicSmemBytes = static_cast<size_t>(smem);
   cfg.stream = p.stream;
   cudaLaunchAttribute attr[1];
@@ -254,8 +257,12 @@ void run_single(const MoeProblem& p, void* workspace) {
   cfg.attrs = attr;
   cfg.numAttrs = 1;
   const bool trace = trace_wanted(p.stream);
-  if (trace) sp.trace = trace_buffer(cfg.gridDim.x);
-  FP8MOE_CUDA_CHECK(cudaLaunchKernelEx(&cfg, kernel, sp));
+  if (trace) {
+    sp.trace = trace_buffer(cfg.gridDim.x);
+    FP8MOE_CUDA_CHECK(cudaMemsetAsync(
+        sp.trace, 0, sizeof(unsigned long long) * kSgTracePoints * cfg.gridDim.x, p.stream));
+  }
+  FP8MOE_CUDA_CHECK(cudaLaunchKernelEx(&cfg, kernel, sp, tm_w1));
   if (trace) print_trace(p, sp.trace, static_cast<int>(cfg.gridDim.x));
 }
 

@@ -11,7 +11,7 @@
 // routing result and "every CTA has finished GEMM1" -- while a CTA waits for the latter its ring
 // already holds its first GEMM2 weights.
 //
-// Per CTA (kW = 8 or 16 consumer warps + 1 producer warp):
+// Per CTA (kW = 16 or 24 consumer warps + 1 producer warp):
 //   0. CTA b < M routes token b from the logits (when routing in the kernel) and publishes it
 //      (sync[0]); every CTA quantises the M token rows of x into shared memory (1x128 groups),
 //      then waits for the routing and builds the pair tables (active local experts ascending, each
@@ -30,8 +30,11 @@
 //      each token's local slots in slot order (the reference's top-k sum). No atomics on data, so
 //      the output is deterministic.
 // The producer warp walks the same unit/stage sequence: wait for a free slot, expect the stage's
-// bytes on its full barrier, issue one bulk copy per weight row (GEMM1) or per expert's 16 rows
-// (GEMM2) and one per scale window.
+// bytes on its full barrier, issue two TMA boxes (GEMM1: the 8 gate and the 8 up rows x kc1 bytes,
+// through a 3D view of w13 as rows x K blocks x 128 bytes) or one bulk copy per expert's 16 rows
+// (GEMM2), and one bulk copy per scale window; weights with an L2 evict-first hint. (Run 12: with
+// one bulk copy per weight row and stage the producer's issue rate, ~50 ns per copy, bounded the
+// stream at 2-2.7 TB/s.)
 #pragma once
 
 #include "cuda_common.cuh"
@@ -42,12 +45,14 @@
 
 namespace fp8moe::cuda {
 
-// kW consumer warps (8, or 16 with FP8MOE_SINGLE_WARPS=16); warp kW is the producer
+// kW consumer warps; warp kW is the producer. 16 (docs/PERFORMANCE.md run 12: faster than 8 on 27
+// of 29 decode points, and than 24 on 15 of 18).
+constexpr int kSgWarps = 16;
 constexpr int sg_threads(int kW) { return (kW + 1) * 32; }
 constexpr int kSgMaxM = 8;
 constexpr int kSgMaxPairs = 64;  // M * topk
 constexpr int kSgMaxStages = 12;
-// A stage: GEMM1 16 rows of <= kc1 bytes (pitch kc1 + 16: conflict-free fragment loads), GEMM2
+// A stage: GEMM1 16 rows of kc1 bytes (two TMA boxes of 8 rows), GEMM2
 // 16 rows x I of <= kW / (I / 128) experts (one contiguous copy each, pitch I), then kW scale
 // windows of kSgWinBytes.
 constexpr int kSgWinBytes = 160;  // one scale window: <= 32 floats, 16-byte aligned copy
@@ -76,26 +81,52 @@ struct SingleParams {
   ActParams ap;
   int nstages;
   int kc1;          // GEMM1 bytes per row and stage (a multiple of 1024)
-  int data_bytes;   // max(16 * (kc1 + 16), sg_data2_bytes(kW))
+  int data_bytes;   // max(16 * kc1, sg_data2_bytes(kW))
   int stage_bytes;  // data_bytes + kW windows, a multiple of 128
   int act_bytes;    // shared bytes of the token region (qx + sx, or qh + sh)
   float* hbuf;      // (M * topk, I) h at each pair's sorted position
   unsigned* sync;   // [0] routed tokens, [1] CTAs past GEMM1; zero before the launch
   uint16_t* out;    // (M, H) bf16
-  // diagnostics (FP8MOE_SINGLE_TRACE): per CTA, kSgTracePoints global-timer stamps of its phases
+  // diagnostics (FP8MOE_SINGLE_TRACE): per CTA, kSgTracePoints slots (SgTrace)
   unsigned long long* trace;
 };
-// start, routed (x quantised, routing known), tables built, GEMM1 done, grid barrier passed,
-// h quantised, GEMM2 done
-constexpr int kSgTracePoints = 7;
+// Trace slots: global-timer stamps (ns) of the phases, then clock64 sums (cycles) of the waits.
+enum SgTrace {
+  kTrStart,
+  kTrOwnRouting,  // this CTA's routing done (CTAs >= M: at once)
+  kTrXQuant,
+  kTrRouted,  // every token's routing visible
+  kTrTables,
+  kTrFirstData1,  // consumer warp 0: first GEMM1 stage full
+  kTrGemm1,
+  kTrBarrier,
+  kTrHQuant,
+  kTrFirstData2,
+  kTrGemm2,
+  kTrProducerDone,  // producer: last copy issued
+  kTrWaitFull1,     // cycles consumer warp 0 waited on full barriers in GEMM1
+  kTrWaitFull2,
+  kTrWaitEmpty,  // cycles the producer waited on empty slots
+  kSgTracePoints
+};
 
 // ---- small PTX helpers -------------------------------------------------------------------------
+__device__ __forceinline__ unsigned long long sg_now() {
+  unsigned long long t;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+  return t;
+}
 __device__ __forceinline__ void sg_stamp(const SingleParams& p, int point) {
-  if (p.trace && threadIdx.x == 0) {  // consumer warp 0, lane 0
-    unsigned long long t;
-    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
-    p.trace[blockIdx.x * kSgTracePoints + point] = t;
-  }
+  if (p.trace && threadIdx.x == 0)  // consumer warp 0, lane 0
+    p.trace[blockIdx.x * kSgTracePoints + point] = sg_now();
+}
+// mbar_wait, with the cycles waited added to *acc when tracing
+__device__ __forceinline__ void sg_wait(const SingleParams& p, uint64_t* bar, uint32_t ph,
+                                        long long* acc) {
+  if (!p.trace) return mbar_wait(bar, ph);
+  const long long t = clock64();
+  mbar_wait(bar, ph);
+  *acc += clock64() - t;
 }
 // The kW consumer warps only (the producer warp never joins).
 template <int kW>
@@ -118,6 +149,18 @@ __device__ __forceinline__ const float* sg_window(const float* p, int n, const f
   return reinterpret_cast<const float*>(s);
 }
 
+// Position in the ring: slot and phase parity, advanced without a division per stage.
+struct SgRing {
+  int slot = 0;
+  uint32_t phase = 0;
+  __device__ __forceinline__ void advance(int nstages) {
+    if (++slot == nstages) {
+      slot = 0;
+      phase ^= 1u;
+    }
+  }
+};
+
 // The shared tables of one call (thread-block copies, built after the routing).
 struct SgTables {
   int32_t pe[kSgMaxPairs];   // local expert of pair i, -1: not on this rank / padded
@@ -128,6 +171,9 @@ struct SgTables {
   int32_t eoff[kSgMaxPairs + 1];
   float tw[kSgMaxPairs];
   int32_t n_act, n_valid;
+  // per ring slot: where each scale window's first wanted float sits in it (GEMM1: gate, up;
+  // GEMM2: expert q of the stage), written by the producer before it arms the slot
+  int32_t woff[kSgMaxStages][kSgWarps];
 };
 
 // The sequence of stages both roles walk. GEMM1: units u = b, b + G, ... < n_act * I / 8, each
@@ -176,19 +222,22 @@ __device__ __forceinline__ void sg_block_mma(const uint8_t* a, int pitch, const 
   const uint32_t lo[8] = {l0.x, l0.y, l0.z, l0.w, l1.x, l1.y, l1.z, l1.w};
   const uint32_t hi[8] = {h0.x, h0.y, h0.z, h0.w, h1.x, h1.y, h1.z, h1.w};
   const uint32_t bb[8] = {b0.x, b0.y, b0.z, b0.w, b1.x, b1.y, b1.z, b1.w};
+  // e4m3 -> f16 is exact; 8 f16 mma k16 (word i: bytes 4i, 4i+1 in k slots 2 t4, 2 t4 + 1 and bytes
+  // 4i + 2, 4i + 3 in slots 8 + 2 t4, ..: the same positions for A and B) in two accumulator chains
+  float acc[2][4] = {{0.0f, 0.0f, 0.0f, 0.0f}, {0.0f, 0.0f, 0.0f, 0.0f}};
 #pragma unroll
-  for (int r = 0; r < 4; ++r) part[r] = 0.0f;
+  for (int i = 0; i < 8; ++i)
+    mma_f16_16816(acc[i & 1], e4m3x2_to_f16x2(lo[i]), e4m3x2_to_f16x2(hi[i]),
+                  e4m3x2_to_f16x2(lo[i] >> 16), e4m3x2_to_f16x2(hi[i] >> 16),
+                  e4m3x2_to_f16x2(bb[i]), e4m3x2_to_f16x2(bb[i] >> 16));
 #pragma unroll
-  for (int j = 0; j < 4; ++j) {
-    const uint32_t av[4] = {lo[2 * j], hi[2 * j], lo[2 * j + 1], hi[2 * j + 1]};
-    const uint32_t bv[2] = {bb[2 * j], bb[2 * j + 1]};
-    mma_e4m3_16832(part, av, bv);
-  }
+  for (int r = 0; r < 4; ++r) part[r] = acc[0][r] + acc[1][r];
 }
 
 template <int kW>
 __global__ void __launch_bounds__(sg_threads(kW), 1)
-    moe_single_kernel(const __grid_constant__ SingleParams p) {
+    moe_single_kernel(const __grid_constant__ SingleParams p,
+                      const __grid_constant__ CUtensorMap tm_w1) {
   extern __shared__ __align__(128) unsigned char sg_smem[];
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, t4 = lane & 3;
   const int M = p.M, H = p.H, I = p.I, topk = p.topk, P = M * topk;
@@ -203,13 +252,13 @@ __global__ void __launch_bounds__(sg_threads(kW), 1)
   static_assert(sizeof(SgTables) <= 4096);
   // token region: GEMM1 qx (M rows, pitch H + 16) + sx (M x H / 128); GEMM2 qh (P rows, pitch
   // I + 16) + sh (P x I / 128)
-  const int xpitch = H + 16, hpitch = I + 16, pitch1 = p.kc1 + 16;
+  const int xpitch = H + 16, hpitch = I + 16, pitch1 = p.kc1;
   uint8_t* qx = treg;
   float* sx = reinterpret_cast<float*>(treg + M * xpitch);
   uint8_t* qh = treg;
   float* sh = reinterpret_cast<float*>(treg + P * hpitch);
 
-  sg_stamp(p, 0);
+  sg_stamp(p, kTrStart);
   if (tid == 0) {
     for (int i = 0; i < p.nstages; ++i) {
       mbar_init(&full[i], 1);
@@ -225,14 +274,16 @@ __global__ void __launch_bounds__(sg_threads(kW), 1)
     ids = p.ids_ws;
     tw = p.tw_ws;
     if (static_cast<int>(blockIdx.x) < M) {  // scratch: the ring, not yet in use
-      route_token_block<kRouteMaxExperts / 256>(p.rp, blockIdx.x, p.E_global, topk, ring,
-                                                p.ids_ws + blockIdx.x * topk,
-                                                p.tw_ws + blockIdx.x * topk);
+      // experts per thread: the fewest that cover kRouteMaxExperts (less unrolled code to fetch)
+      constexpr int kOwn = (kRouteMaxExperts + sg_threads(kW) - 1) / sg_threads(kW);
+      route_token_block<kOwn>(p.rp, blockIdx.x, p.E_global, topk, ring,
+                              p.ids_ws + blockIdx.x * topk, p.tw_ws + blockIdx.x * topk);
       __threadfence();
       __syncthreads();
       if (tid == 0) atomicAdd(&p.sync[0], 1u);
     }
   }
+  sg_stamp(p, kTrOwnRouting);
   {  // x rows -> fp8 in 1x128 groups (16 threads of 8 columns per group)
     const int c8n = H / 8, total = M * c8n;
     for (int b0 = 0; b0 < total; b0 += sg_threads(kW)) {
@@ -253,13 +304,14 @@ __global__ void __launch_bounds__(sg_threads(kW), 1)
       if (c8 % 16 == 0) sx[t * (H / 128) + c8 / 16] = s;
     }
   }
+  sg_stamp(p, kTrXQuant);
   if (p.route) {
     if (tid == 0)
       while (ld_acquire_gpu(&p.sync[0]) < static_cast<unsigned>(M)) {
       }
     __syncthreads();
   }
-  sg_stamp(p, 1);
+  sg_stamp(p, kTrRouted);
   if (tid < P) {
     const int e = local_expert(__ldcg(ids + tid), p.expert_map, p.E_global, p.E);
     T.pe[tid] = e;
@@ -305,29 +357,35 @@ __global__ void __launch_bounds__(sg_threads(kW), 1)
   }
   fence_proxy_async();  // the routing scratch in the ring is rewritten by bulk copies next
   __syncthreads();
-  sg_stamp(p, 2);
+  sg_stamp(p, kTrTables);
   const int n_act = T.n_act;
   const SgPlan plan = sg_plan<kW>(p, n_act);
   const int units1 = I / 8;
 
   // ---- producer warp ---------------------------------------------------------------------
   if (warp == kW) {
-    int it = 0;
-    auto next_slot = [&](uint32_t bytes) {
-      const int s = it % p.nstages;
-      const uint32_t ph = (it / p.nstages) & 1;
-      if (lane == 0) {
-        mbar_wait(&empty[s], ph ^ 1);
-        mbar_arrive_expect_tx(&full[s], bytes);
-      }
+    SgRing ring_pos;
+    long long waited = 0;
+    // weights are read once per call: evict-first keeps L2 for the code, activations and scales
+    // (run 12: 2-5% faster on every decode point)
+    const uint64_t pol = l2_policy_evict_first();
+    if (lane == 0) tma_prefetch_desc(&tm_w1);
+    // a free slot (its window offsets may be written), then armed with the stage's bytes: the
+    // arrive releases the offsets to the consumers' wait
+    auto free_slot = [&] {
+      if (lane == 0) sg_wait(p, &empty[ring_pos.slot], ring_pos.phase ^ 1, &waited);
       __syncwarp();
-      ++it;
-      return s;
+      return ring_pos.slot;
+    };
+    auto arm_slot = [&](int s, uint32_t bytes) {
+      __syncwarp();
+      if (lane == 0) mbar_arrive_expect_tx(&full[s], bytes);
+      ring_pos.advance(p.nstages);
     };
     for (int k = 0; k < plan.u1_count; ++k) {
       const int u = plan.u1_first + k * gridDim.x;
       const int j = u / units1, c0 = (u % units1) * 8, e = T.act[j];
-      const uint8_t* wexp = p.w1.w + int64_t(e) * 2 * I * H;
+      const int row0 = e * 2 * I + c0;  // gate rows row0.., up rows row0 + I.. of w13
       const float* sexp = p.w1.scale + int64_t(e) * p.w1.scale_e_stride;
       const float* sg = sexp + int64_t(c0 / 128) * p.w1.scale_n_stride;
       const float* su = sexp + int64_t((I + c0) / 128) * p.w1.scale_n_stride;
@@ -337,11 +395,17 @@ __global__ void __launch_bounds__(sg_threads(kW), 1)
         int og, ou;
         const float* wg = sg_window(sg + k0 / 128, nkb, p.w1_scale_end, &lg, &og);
         const float* wu = sg_window(su + k0 / 128, nkb, p.w1_scale_end, &lu, &ou);
-        const int s = next_slot(16u * klen + lg + lu);
+        // two boxes of 8 rows x kc1 bytes; past H the box is zero-filled and still counted
+        const int s = free_slot();
+        if (lane == 0) {
+          T.woff[s][0] = og;
+          T.woff[s][1] = ou;
+        }
+        arm_slot(s, 16u * p.kc1 + lg + lu);
         unsigned char* stage = ring + s * p.stage_bytes;
-        if (lane < 16) {
-          const int n = lane < 8 ? c0 + lane : I + c0 + lane - 8;
-          bulk_load_1d(stage + lane * pitch1, wexp + int64_t(n) * H + k0, klen, &full[s]);
+        if (lane == 0) {
+          tma_load_3d_hint(stage, &tm_w1, &full[s], 0, k0 / 128, row0, pol);
+          tma_load_3d_hint(stage + 8 * pitch1, &tm_w1, &full[s], 0, k0 / 128, row0 + I, pol);
         } else if (lane == 16) {
           bulk_load_1d(stage + p.data_bytes, wg, lg, &full[s]);
         } else if (lane == 17) {
@@ -363,27 +427,37 @@ __global__ void __launch_bounds__(sg_threads(kW), 1)
           sg_window(sr, plan.nkb2, p.w2_scale_end, &l, &o);
           total += l;
         }
-        const int s = next_slot(total);
-        unsigned char* stage = ring + s * p.stage_bytes;
-        if (lane < nq)  // the expert's 16 rows are contiguous: one copy
-          bulk_load_1d(stage + lane * 16 * I, p.w2.w + (int64_t(T.act[j0 + lane]) * H + n0) * I,
-                       16u * I, &full[s]);
+        const int s = free_slot();
+        uint32_t l = 0;
+        int o = 0;
+        const float* wsrc = nullptr;
         if (lane < nq) {
-          uint32_t l;
-          int o;
           const float* sr = p.w2.scale + int64_t(T.act[j0 + lane]) * p.w2.scale_e_stride +
                             int64_t(n0 / 128) * p.w2.scale_n_stride;
-          const float* wsrc = sg_window(sr, plan.nkb2, p.w2_scale_end, &l, &o);
+          wsrc = sg_window(sr, plan.nkb2, p.w2_scale_end, &l, &o);
+          T.woff[s][lane] = o;
+        }
+        arm_slot(s, total);
+        unsigned char* stage = ring + s * p.stage_bytes;
+        if (lane < nq) {  // the expert's 16 rows are contiguous: one copy
+          bulk_load_1d_hint(stage + lane * 16 * I,
+                            p.w2.w + (int64_t(T.act[j0 + lane]) * H + n0) * I, 16u * I, &full[s],
+                            pol);
           bulk_load_1d(stage + p.data_bytes + lane * kSgWinBytes, wsrc, l, &full[s]);
         }
       }
+    }
+    if (p.trace && lane == 0) {
+      p.trace[blockIdx.x * kSgTracePoints + kTrProducerDone] = sg_now();
+      p.trace[blockIdx.x * kSgTracePoints + kTrWaitEmpty] = static_cast<unsigned long long>(waited);
     }
     return;
   }
 
   // ---- consumers: GEMM1 ------------------------------------------------------------------
-  int it = 0;
+  SgRing rc;
   int red_buf = 0;
+  long long wait1 = 0, wait2 = 0;
   for (int k = 0; k < plan.u1_count; ++k) {
     const int u = plan.u1_first + k * gridDim.x;
     const int j = u / units1, c0 = (u % units1) * 8;
@@ -395,24 +469,19 @@ __global__ void __launch_bounds__(sg_threads(kW), 1)
     for (int c = 0; c < 2; ++c)
       srow[c] = 2 * t4 + c < nt ? (T.plist[e0 + 2 * t4 + c] / topk) * (H / 128) : -1;
     float total[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-    const float* sexp = p.w1.scale + int64_t(T.act[j]) * p.w1.scale_e_stride;
     for (int st = 0; st < plan.ns1; ++st) {
-      const int s = it % p.nstages;
-      const uint32_t ph = (it / p.nstages) & 1;
-      ++it;
+      const int s = rc.slot;
+      const uint32_t ph = rc.phase;
+      rc.advance(p.nstages);
       const int k0 = st * p.kc1, nkb = min(p.kc1, H - k0) / 128;
-      mbar_wait(&full[s], ph);
+      sg_wait(p, &full[s], ph, &wait1);
+      if (k == 0 && st == 0) sg_stamp(p, kTrFirstData1);
       if (warp < nkb) {
         const unsigned char* stage = ring + s * p.stage_bytes;
         // the scale windows, as the producer cut them
-        uint32_t l;
-        int og, ou;
-        sg_window(sexp + int64_t(c0 / 128) * p.w1.scale_n_stride + k0 / 128, nkb, p.w1_scale_end,
-                  &l, &og);
-        sg_window(sexp + int64_t((I + c0) / 128) * p.w1.scale_n_stride + k0 / 128, nkb,
-                  p.w1_scale_end, &l, &ou);
+        const int og = T.woff[s][0], ou = T.woff[s][1];
         const float* win = reinterpret_cast<const float*>(stage + p.data_bytes);
-        // K blocks warp, warp + 8, ...: over the stages each warp sums its blocks in K order
+        // K blocks warp, warp + kW, ...: over the stages each warp sums its blocks in K order
         for (int b = warp; b < nkb; b += kW) {
           float part[4];
           sg_block_mma(stage + b * 128, pitch1, bcol ? bcol + k0 + b * 128 : nullptr, part);
@@ -456,14 +525,14 @@ __global__ void __launch_bounds__(sg_threads(kW), 1)
   // ---- grid barrier: every CTA's h is written ---------------------------------------------
   __threadfence();
   sg_consumer_sync<kW>();
-  sg_stamp(p, 3);
+  sg_stamp(p, kTrGemm1);
   if (tid == 0) {
     atomicAdd(&p.sync[1], 1u);
     while (ld_acquire_gpu(&p.sync[1]) < gridDim.x) {
     }
   }
   sg_consumer_sync<kW>();
-  sg_stamp(p, 4);
+  sg_stamp(p, kTrBarrier);
 
   // ---- h -> fp8 in 1x128 groups (every CTA, all pairs; qx is no longer read) --------------
   {
@@ -482,22 +551,23 @@ __global__ void __launch_bounds__(sg_threads(kW), 1)
     }
   }
   sg_consumer_sync<kW>();
-  sg_stamp(p, 5);
+  sg_stamp(p, kTrHQuant);
 
   // ---- consumers: GEMM2 ------------------------------------------------------------------
   const int nkb2 = plan.nkb2;
   for (int k = 0; k < plan.u2_count; ++k) {
     const int n0 = (plan.u2_first + k * gridDim.x) * 16;
     for (int st = 0; st < plan.ns2; ++st) {
-      const int s = it % p.nstages;
-      const uint32_t ph = (it / p.nstages) & 1;
-      ++it;
+      const int s = rc.slot;
+      const uint32_t ph = rc.phase;
+      rc.advance(p.nstages);
       const int j0 = st * plan.epx, nq = min(plan.epx, n_act - j0);
       const int q = warp / nkb2, kb = warp % nkb2;
       const bool mine = q < nq;
       float res[4] = {0.0f, 0.0f, 0.0f, 0.0f};
       int e0 = 0, nt = 0;
-      mbar_wait(&full[s], ph);
+      sg_wait(p, &full[s], ph, &wait2);
+      if (k == 0 && st == 0) sg_stamp(p, kTrFirstData2);
       if (mine) {
         const int j = j0 + q;
         e0 = T.eoff[j];
@@ -506,11 +576,7 @@ __global__ void __launch_bounds__(sg_threads(kW), 1)
         const uint8_t* bcol = g < nt ? qh + (e0 + g) * hpitch + kb * 128 : nullptr;
         float part[4];
         sg_block_mma(stage + q * 16 * I + kb * 128, I, bcol, part);
-        uint32_t l;
-        int o;
-        sg_window(p.w2.scale + int64_t(T.act[j]) * p.w2.scale_e_stride +
-                      int64_t(n0 / 128) * p.w2.scale_n_stride,
-                  nkb2, p.w2_scale_end, &l, &o);
+        const int o = T.woff[s][q];
         const float sw =
             reinterpret_cast<const float*>(stage + p.data_bytes + q * kSgWinBytes)[o + kb];
         const float sa0 = 2 * t4 < nt ? sh[(e0 + 2 * t4) * nkb2 + kb] : 0.0f;
@@ -557,7 +623,11 @@ __global__ void __launch_bounds__(sg_threads(kW), 1)
     }
     sg_consumer_sync<kW>();
   }
-  sg_stamp(p, 6);
+  sg_stamp(p, kTrGemm2);
+  if (p.trace && tid == 0) {
+    p.trace[blockIdx.x * kSgTracePoints + kTrWaitFull1] = static_cast<unsigned long long>(wait1);
+    p.trace[blockIdx.x * kSgTracePoints + kTrWaitFull2] = static_cast<unsigned long long>(wait2);
+  }
 }
 
 }  // namespace fp8moe::cuda

@@ -25,4 +25,24 @@ inline CUtensorMap make_tma_2d_u8(const void* base, int64_t inner, int64_t outer
   return m;
 }
 
+// A row-major byte matrix (rows of `row_bytes`, a multiple of 128) viewed as 3D: 128-byte pieces
+// of K, the K blocks of a row (stride 128), rows (stride row_bytes). A box of `box_rows` rows x
+// `box_kb` K blocks lands in shared memory as box_rows rows of box_kb * 128 bytes (no swizzle): one
+// request fetches what would take box_rows separate row copies.
+inline CUtensorMap make_tma_rows_kblocks_u8(const void* base, int64_t row_bytes, int64_t rows,
+                                            int box_kb, int box_rows) {
+  CUtensorMap m{};
+  const cuuint64_t dims[3] = {128, static_cast<cuuint64_t>(row_bytes / 128),
+                              static_cast<cuuint64_t>(rows)};
+  const cuuint64_t strides[2] = {128, static_cast<cuuint64_t>(row_bytes)};
+  const cuuint32_t box[3] = {128, static_cast<cuuint32_t>(box_kb),
+                             static_cast<cuuint32_t>(box_rows)};
+  const cuuint32_t elem[3] = {1, 1, 1};
+  FP8MOE_CU_CHECK(tensor_map_encoder()(
+      &m, CU_TENSOR_MAP_DATA_TYPE_UINT8, 3, const_cast<void*>(base), dims, strides, box, elem,
+      CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_NONE, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+      CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE));
+  return m;
+}
+
 }  // namespace fp8moe::cuda
