@@ -222,14 +222,14 @@ __device__ __forceinline__ void sg_block_mma(const uint8_t* a, int pitch, const 
   const uint32_t lo[8] = {l0.x, l0.y, l0.z, l0.w, l1.x, l1.y, l1.z, l1.w};
   const uint32_t hi[8] = {h0.x, h0.y, h0.z, h0.w, h1.x, h1.y, h1.z, h1.w};
   const uint32_t bb[8] = {b0.x, b0.y, b0.z, b0.w, b1.x, b1.y, b1.z, b1.w};
-  // e4m3 -> f16 is exact; 8 f16 mma k16 (word i: bytes 4i, 4i+1 in k slots 2 t4, 2 t4 + 1 and bytes
-  // 4i + 2, 4i + 3 in slots 8 + 2 t4, ..: the same positions for A and B) in two accumulator chains
+  // four k32 mma (on sm_90 each two f16 mma, cuda_common.cuh) in two accumulator chains
   float acc[2][4] = {{0.0f, 0.0f, 0.0f, 0.0f}, {0.0f, 0.0f, 0.0f, 0.0f}};
 #pragma unroll
-  for (int i = 0; i < 8; ++i)
-    mma_f16_16816(acc[i & 1], e4m3x2_to_f16x2(lo[i]), e4m3x2_to_f16x2(hi[i]),
-                  e4m3x2_to_f16x2(lo[i] >> 16), e4m3x2_to_f16x2(hi[i] >> 16),
-                  e4m3x2_to_f16x2(bb[i]), e4m3x2_to_f16x2(bb[i] >> 16));
+  for (int j = 0; j < 4; ++j) {
+    const uint32_t av[4] = {lo[2 * j], hi[2 * j], lo[2 * j + 1], hi[2 * j + 1]};
+    const uint32_t bv[2] = {bb[2 * j], bb[2 * j + 1]};
+    mma_e4m3_16832(acc[j & 1], av, bv);
+  }
 #pragma unroll
   for (int r = 0; r < 4; ++r) part[r] = acc[0][r] + acc[1][r];
 }
