@@ -101,42 +101,14 @@ __device__ __forceinline__ void ldmatrix_x2(uint32_t (&r)[2], uint32_t addr) {
                : "r"(addr));
 }
 
-// sm_90 has no e4m3 mma.sync: ptxas expands one into e4m3 -> f16 unpacks, two f16 mma with a zero
-// accumulator and four fp32 adds (docs/PERFORMANCE.md run 12). On sm_90 the mma below is therefore
-// written as the two f16 mma directly, accumulating into d: e4m3 -> f16 is exact, and each lane's
-// bytes keep one K position for A and B (bytes 0, 1 of a word in k slots 2 t4, 2 t4 + 1, bytes 2, 3
-// in slots 8 + 2 t4, ..), so the product sums over the same K as the e4m3 instruction.
-__device__ __forceinline__ uint32_t e4m3x2_to_f16x2(uint32_t two_bytes) {
-  uint32_t r;
-  asm("{\n.reg .b16 t;\ncvt.u16.u32 t, %1;\ncvt.rn.f16x2.e4m3x2 %0, t;\n}\n"
-      : "=r"(r)
-      : "r"(two_bytes));
-  return r;
-}
-__device__ __forceinline__ void mma_f16_16816(float (&d)[4], uint32_t a0, uint32_t a1, uint32_t a2,
-                                              uint32_t a3, uint32_t b0, uint32_t b1) {
-  asm volatile(
-      "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
-      "{%8,%9}, {%0,%1,%2,%3};\n"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-      : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
-}
-// D(16x8 f32) += A(16x32 e4m3, row) * B(32x8 e4m3, col). sm_89+ (on sm_90 as two f16 mma).
+// D(16x8 f32) += A(16x32 e4m3, row) * B(32x8 e4m3, col). sm_89+.
 __device__ __forceinline__ void mma_e4m3_16832(float (&d)[4], const uint32_t (&a)[4],
                                                const uint32_t (&b)[2]) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ == 900
-#pragma unroll
-  for (int h = 0; h < 2; ++h)
-    mma_f16_16816(d, e4m3x2_to_f16x2(a[2 * h]), e4m3x2_to_f16x2(a[2 * h + 1]),
-                  e4m3x2_to_f16x2(a[2 * h] >> 16), e4m3x2_to_f16x2(a[2 * h + 1] >> 16),
-                  e4m3x2_to_f16x2(b[h]), e4m3x2_to_f16x2(b[h] >> 16));
-#else
   asm volatile(
       "mma.sync.aligned.m16n8k32.row.col.f32.e4m3.e4m3.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
       "{%8,%9}, {%0,%1,%2,%3};\n"
       : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
-#endif
 }
 
 // ---- programmatic dependent launch -------------------------------------------------------------
