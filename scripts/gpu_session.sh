@@ -6,10 +6,15 @@
 #   scripts/gpu_session.sh [--no-tests] [--no-sanitize] [--no-bench] [--bench-args "..."]
 #                          [--tests-filter REGEX] [--ncu "BENCH ARGS"] [--bench2-args "..."]
 #                          [--grouped-bench-args "..."] [--san-filter GTEST_FILTER]
+#                          [--trace "SHAPE ..."]
 # --grouped-bench-args runs bench_cuda_grouped (the DEEPGEMM-contract grouped GEMM) with these
 # arguments (grouped.log, grouped.csv; "-" for none). --san-filter replaces the sanitizer subset.
 # --bench2-args runs the benchmark a second time with these arguments (bench2.log, bench2.csv),
 # e.g. "--path stream,decode --m 1,8,32" to compare two paths in the same session.
+# --trace runs the single path once per shape at M = 1 with FP8MOE_SINGLE_TRACE=1 (trace.log: the
+# phase stamps of the second, warm call).
+# The device tool brings back at most ~8 files from $OUT: the sanitizer logs end up in one file
+# (sanitizers.log) and the build and test logs are gzipped at the end.
 # --ncu runs Nsight Compute (SpeedOfLight, memory, warp stalls) on the fused-MoE kernels of one
 # direct run per configuration of `bench_cuda_moe --ncu BENCH ARGS`, into ncu.log (NCU_SECTIONS
 # overrides the sections, e.g. "--section SpeedOfLight" for durations and throughputs only).
@@ -32,6 +37,7 @@ BENCH2_ARGS=""
 TESTS_FILTER="Cuda"
 GROUPED_ARGS=""
 SAN_FILTER_ARG=""
+TRACE_SHAPES=""
 while [ $# -gt 0 ]; do
   case "$1" in
     --no-tests) RUN_TESTS=0 ;;
@@ -43,6 +49,7 @@ while [ $# -gt 0 ]; do
     --bench2-args) BENCH2_ARGS="$2"; shift ;;
     --grouped-bench-args) GROUPED_ARGS="$2"; shift ;;
     --san-filter) SAN_FILTER_ARG="$2"; shift ;;
+    --trace) TRACE_SHAPES="$2"; shift ;;
     *) echo "unknown argument $1"; exit 2 ;;
   esac
   shift
@@ -127,10 +134,12 @@ if [ $RUN_SAN -eq 1 ]; then
   for tool in memcheck racecheck synccheck; do
     stamp "compute-sanitizer $tool"
     timeout 300 compute-sanitizer --tool $tool --error-exitcode 9 "$TESTS" \
-      --gtest_filter="$SAN_FILTER" >"$OUT/sanitizer_$tool.log" 2>&1
+      --gtest_filter="$SAN_FILTER" >"$OUT/sanitizer.tmp" 2>&1
     rc=$?
     note "sanitizer $tool: rc=$rc; $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY|PASSED|FAILED' \
-      "$OUT/sanitizer_$tool.log" | tr '\n' ' ' | cut -c1-200)"
+      "$OUT/sanitizer.tmp" | tr '\n' ' ' | cut -c1-200)"
+    { echo "==== $tool (rc=$rc)"; cat "$OUT/sanitizer.tmp"; } >>"$OUT/sanitizers.log"
+    rm -f "$OUT/sanitizer.tmp"
   done
 fi
 
@@ -166,6 +175,16 @@ if [ -n "$GROUPED_ARGS" ]; then
   note "grouped bench: rc=$?"
 fi
 
+if [ -n "$TRACE_SHAPES" ]; then
+  stamp "single-path traces"
+  for sh in $TRACE_SHAPES; do
+    FP8MOE_SINGLE_TRACE=1 timeout 60 "$BENCH" --ncu --path single --m 1 --shape "$sh" 2>&1 |
+      grep -A1 "single trace" | tail -2 >>"$OUT/trace.log"
+  done
+  note "traces: $(grep -c 'single trace' "$OUT/trace.log" 2>/dev/null || echo 0)"
+fi
+
+for f in build.log tests.log; do [ -f "$OUT/$f" ] && gzip -f "$OUT/$f"; done
 stamp "done"
 echo "=================== summary ==================="
 cat "$SUMMARY"

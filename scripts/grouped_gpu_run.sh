@@ -25,7 +25,7 @@ if [ -n "$SAN" ]; then args+=(--san-filter "$SAN"); else args+=(--no-sanitize); 
 OUT=$W bash scripts/gpu_session.sh "${args[@]}" >"$W/session.log" 2>&1
 sed -n '/== summary/,$p' "$W/session.log"
 grep -q 'build: rc=0' "$W/summary.txt" || tail -40 "$W/build.log"
-grep -hE '^\[  FAILED  \]|Failure$|want 0x' "$W/tests.log" 2>/dev/null | head -20
+zgrep -hE '^\[  FAILED  \]|Failure$|want 0x' "$W/tests.log.gz" 2>/dev/null | head -20
 B=build-gpu/bench/bench_cuda_grouped
 if [ -n "${GROUPED_NCU:-}" ] && [ -x "$B" ]; then
   # the counters that exist on this chip, among the ones wanted
