@@ -11,7 +11,7 @@
 // routing result and "every CTA has finished GEMM1" -- while a CTA waits for the latter its ring
 // already holds its first GEMM2 weights.
 //
-// Per CTA (kW = 16 or 24 consumer warps + 1 producer warp):
+// Per CTA (kW = 16 consumer warps + 1 producer warp):
 //   0. CTA b < M routes token b from the logits (when routing in the kernel) and publishes it
 //      (sync[0]); every CTA quantises the M token rows of x into shared memory (1x128 groups),
 //      then waits for the routing and builds the pair tables (active local experts ascending, each
@@ -33,8 +33,8 @@
 // bytes on its full barrier, issue two TMA boxes (GEMM1: the 8 gate and the 8 up rows x kc1 bytes,
 // through a 3D view of w13 as rows x K blocks x 128 bytes) or one bulk copy per expert's 16 rows
 // (GEMM2), and one bulk copy per scale window; weights with an L2 evict-first hint. (Run 12: with
-// one bulk copy per weight row and stage the producer's issue rate, ~50 ns per copy, bounded the
-// stream at 2-2.7 TB/s.)
+// 16 row copies per stage GEMM1 streamed at 2-2.7 TB/s; the two boxes made it ~10% faster and left
+// the consumers as the bound.)
 #pragma once
 
 #include "cuda_common.cuh"
@@ -46,7 +46,7 @@
 namespace fp8moe::cuda {
 
 // kW consumer warps; warp kW is the producer. 16 (docs/PERFORMANCE.md run 12: faster than 8 on 27
-// of 29 decode points, and than 24 on 15 of 18).
+// of 29 decode points; 24 lost on 16 of 19).
 constexpr int kSgWarps = 16;
 constexpr int sg_threads(int kW) { return (kW + 1) * 32; }
 constexpr int kSgMaxM = 8;
