@@ -6,11 +6,12 @@
 #   scripts/gpu_session.sh [--no-tests] [--no-sanitize] [--no-bench] [--bench-args "..."]
 #                          [--tests-filter REGEX] [--ncu "BENCH ARGS"] [--bench2-args "..."]
 #                          [--grouped-bench-args "..."] [--san-filter GTEST_FILTER]
-#                          [--trace "SHAPE ..."]
+#                          [--trace "SHAPE ..."] [--stream-bench]
 # --grouped-bench-args runs bench_cuda_grouped (the DEEPGEMM-contract grouped GEMM) with these
 # arguments (grouped.log, grouped.csv; "-" for none). --san-filter replaces the sanitizer subset.
 # --bench2-args runs the benchmark a second time with these arguments (bench2.log, bench2.csv),
 # e.g. "--path stream,decode --m 1,8,32" to compare two paths in the same session.
+# --stream-bench runs bench_cuda_stream (what a bulk-copy / TMA ring streams per SM; stream.log).
 # --trace runs the single path once per shape at M = 1 with FP8MOE_SINGLE_TRACE=1 (trace.log: the
 # phase stamps of the second, warm call).
 # The device tool brings back at most ~8 files from $OUT: the sanitizer logs end up in one file
@@ -38,6 +39,7 @@ TESTS_FILTER="Cuda"
 GROUPED_ARGS=""
 SAN_FILTER_ARG=""
 TRACE_SHAPES=""
+STREAM_BENCH=0
 while [ $# -gt 0 ]; do
   case "$1" in
     --no-tests) RUN_TESTS=0 ;;
@@ -50,6 +52,7 @@ while [ $# -gt 0 ]; do
     --grouped-bench-args) GROUPED_ARGS="$2"; shift ;;
     --san-filter) SAN_FILTER_ARG="$2"; shift ;;
     --trace) TRACE_SHAPES="$2"; shift ;;
+    --stream-bench) STREAM_BENCH=1 ;;
     *) echo "unknown argument $1"; exit 2 ;;
   esac
   shift
@@ -102,7 +105,8 @@ CFG=$?
 stamp "build"
 if [ $CFG -eq 0 ]; then
   cmake --build "$BUILD" -j "$(nproc)" --target fp8moe_cuda_tests bench_cuda_moe \
-    $([ -f bench/bench_cuda_grouped.cu ] && echo bench_cuda_grouped) >>"$OUT/build.log" 2>&1
+    $([ -f bench/bench_cuda_grouped.cu ] && echo bench_cuda_grouped) \
+    $([ -f bench/bench_cuda_stream.cu ] && echo bench_cuda_stream) >>"$OUT/build.log" 2>&1
   BUILD_RC=$?
 else
   BUILD_RC=$CFG
@@ -173,6 +177,12 @@ if [ -n "$GROUPED_ARGS" ]; then
   # shellcheck disable=SC2086
   "$BUILD/bench/bench_cuda_grouped" --csv "$OUT/grouped.csv" $GROUPED_ARGS >"$OUT/grouped.log" 2>&1
   note "grouped bench: rc=$?"
+fi
+
+if [ $STREAM_BENCH -eq 1 ]; then
+  stamp "stream benchmark"
+  timeout 120 "$BUILD/bench/bench_cuda_stream" >"$OUT/stream.log" 2>&1
+  note "stream bench: rc=$?"
 fi
 
 if [ -n "$TRACE_SHAPES" ]; then
