@@ -76,8 +76,8 @@ __global__ void __launch_bounds__(17 * 32, 1)
         unsigned char* stage = smem + slot * p.stage_bytes;
         if (p.feed == kRows) {
           if (lane < 16)
-            bulk_load_1d_hint(stage + lane * p.kc,
-                              p.base + (int64_t(u) * 16 + lane) * p.H + k0, klen, &full[slot], pol);
+            bulk_load_1d_hint(stage + lane * p.kc, p.base + (int64_t(u) * 16 + lane) * p.H + k0,
+                              klen, &full[slot], pol);
         } else if (lane == 0) {
           tma_load_3d_hint(stage, &tm, &full[slot], 0, k0 / 128, u * 16, pol);
           if (p.feed == kBox8)
@@ -178,8 +178,8 @@ int main(int argc, char** argv) {
   const float read_ms = median_ms([&] {
     read_kernel<<<sms * 8, 512>>>(reinterpret_cast<const uint4*>(base), int64_t(bytes / 16), sink);
   });
-  std::printf("device sms=%d, matrix %d x %d bytes (%.0f MB); plain 16-byte loads %.3f TB/s\n",
-              sms, rows, H, bytes / 1e6, bytes / (read_ms * 1e-3) / 1e12);
+  std::printf("device sms=%d, matrix %d x %d bytes (%.0f MB); plain 16-byte loads %.3f TB/s\n", sms,
+              rows, H, bytes / 1e6, bytes / (read_ms * 1e-3) / 1e12);
   std::printf("%-6s %5s %6s %9s %5s %8s\n", "feed", "kc", "stages", "consumers", "touch", "TB/s");
   const char* names[] = {"rows", "box8", "box16"};
   for (int feed : {kRows, kBox8, kBox16})
@@ -193,9 +193,7 @@ int main(int argc, char** argv) {
       for (int cw : {1, 4, 16})
         for (int touch : {0, 1}) {
           const StreamParams sp{base, rows, H, kc, nstages, stage_bytes, feed, touch, sink};
-          const float ms = median_ms([&] {
-            ring_kernel<<<sms, (cw + 1) * 32, smem>>>(sp, tm);
-          });
+          const float ms = median_ms([&] { ring_kernel<<<sms, (cw + 1) * 32, smem>>>(sp, tm); });
           std::printf("%-6s %5d %6d %9d %5d %8.3f\n", names[feed], kc, nstages, cw, touch,
                       bytes / (ms * 1e-3) / 1e12);
         }
