@@ -20,6 +20,7 @@
 #include <string>
 #include <vector>
 
+#include "bench_cuda_common.cuh"
 #include "fp8moe/fused_moe.hpp"
 #include "fp8moe/tensor.hpp"
 #include "kernels/cuda/fused_moe_cuda.hpp"
@@ -27,23 +28,6 @@
 #include "kernels/cuda/sm90_fp8_grouped_gemm.hpp"
 
 using namespace fp8moe;
-
-#define CK(x)                                                                                 \
-  do {                                                                                        \
-    cudaError_t e_ = (x);                                                                     \
-    if (e_ != cudaSuccess) {                                                                  \
-      std::fprintf(stderr, "%s:%d %s: %s\n", __FILE__, __LINE__, #x, cudaGetErrorString(e_)); \
-      std::exit(1);                                                                           \
-    }                                                                                         \
-  } while (0)
-#define CKB(x)                                                                          \
-  do {                                                                                  \
-    cublasStatus_t s_ = (x);                                                            \
-    if (s_ != CUBLAS_STATUS_SUCCESS) {                                                  \
-      std::fprintf(stderr, "%s:%d %s: cublas status %d\n", __FILE__, __LINE__, #x, s_); \
-      std::exit(1);                                                                     \
-    }                                                                                   \
-  } while (0)
 
 namespace {
 
@@ -88,15 +72,6 @@ __global__ void fill_bf16(uint16_t* p, int64_t n, uint32_t seed) {
     const float v = (float(h & 0xFFFF) / 65536.0f - 0.5f) * 0.2f;
     p[i] = static_cast<uint16_t>(__float_as_uint(v) >> 16);
   }
-}
-__global__ void read_kernel(const uint4* a, int64_t n, uint32_t* sink) {
-  uint32_t acc = 0;
-  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n;
-       i += int64_t(gridDim.x) * blockDim.x) {
-    const uint4 v = __ldcs(a + i);
-    acc ^= v.x ^ v.y ^ v.z ^ v.w;
-  }
-  if (acc == 0x9E3779B9u) *sink = acc;
 }
 
 void* dalloc(size_t bytes) {

@@ -25,6 +25,7 @@
 #include <string>
 #include <vector>
 
+#include "bench_cuda_common.cuh"
 #include "fp8moe/fused_moe.hpp"
 #include "kernels/cuda/fused_moe_cuda.hpp"
 #include "kernels/cuda/moe_tuning.hpp"
@@ -33,24 +34,6 @@
 namespace {
 
 using namespace fp8moe;
-
-#define CK(x)                                                                                \
-  do {                                                                                       \
-    cudaError_t e_ = (x);                                                                    \
-    if (e_ != cudaSuccess) {                                                                 \
-      std::fprintf(stderr, "CUDA error %s at %s:%d: %s\n", cudaGetErrorString(e_), __FILE__, \
-                   __LINE__, #x);                                                            \
-      std::exit(2);                                                                          \
-    }                                                                                        \
-  } while (0)
-#define CKB(x)                                                                                   \
-  do {                                                                                           \
-    cublasStatus_t s_ = (x);                                                                     \
-    if (s_ != CUBLAS_STATUS_SUCCESS) {                                                           \
-      std::fprintf(stderr, "cuBLASLt error %d at %s:%d: %s\n", int(s_), __FILE__, __LINE__, #x); \
-      std::exit(2);                                                                              \
-    }                                                                                            \
-  } while (0)
 
 __device__ __forceinline__ uint32_t hash32(uint64_t x) {
   x ^= x >> 33;
@@ -91,15 +74,6 @@ __global__ void copy_kernel(const uint4* __restrict__ a, uint4* __restrict__ b, 
   for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n;
        i += int64_t(gridDim.x) * blockDim.x)
     b[i] = a[i];
-}
-__global__ void read_kernel(const uint4* __restrict__ a, int64_t n, uint32_t* sink) {
-  uint32_t acc = 0;
-  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n;
-       i += int64_t(gridDim.x) * blockDim.x) {
-    const uint4 v = __ldcs(a + i);
-    acc ^= v.x ^ v.y ^ v.z ^ v.w;
-  }
-  if (acc == 0x12345678u) *sink = acc;  // keeps the loads alive
 }
 
 void* dalloc(size_t bytes) {

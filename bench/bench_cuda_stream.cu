@@ -20,22 +20,13 @@
 #include <string>
 #include <vector>
 
+#include "bench_cuda_common.cuh"
 #include "kernels/cuda/cuda_common.cuh"
 #include "kernels/cuda/sm90_tma.hpp"
 
 namespace {
 
 using namespace fp8moe::cuda;
-
-#define CK(x)                                                                                \
-  do {                                                                                       \
-    cudaError_t e_ = (x);                                                                    \
-    if (e_ != cudaSuccess) {                                                                 \
-      std::fprintf(stderr, "CUDA error %s at %s:%d: %s\n", cudaGetErrorString(e_), __FILE__, \
-                   __LINE__, #x);                                                            \
-      std::exit(2);                                                                          \
-    }                                                                                        \
-  } while (0)
 
 enum Feed { kRows = 0, kBox8 = 1, kBox16 = 2 };
 constexpr int kMaxStages = 16;
@@ -110,16 +101,6 @@ __global__ void __launch_bounds__(17 * 32, 1)
       }
     }
   if (acc == 0x9e3779b9u) p.sink[0] = acc;  // practically never: keeps the loads
-}
-
-__global__ void read_kernel(const uint4* __restrict__ a, int64_t n, uint32_t* sink) {
-  uint32_t acc = 0;
-  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n;
-       i += int64_t(gridDim.x) * blockDim.x) {
-    const uint4 v = __ldcs(a + i);
-    acc ^= v.x ^ v.y ^ v.z ^ v.w;
-  }
-  if (acc == 0x9e3779b9u) sink[0] = acc;
 }
 
 template <class F>
