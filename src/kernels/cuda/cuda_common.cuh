@@ -101,14 +101,49 @@ __device__ __forceinline__ void ldmatrix_x2(uint32_t (&r)[2], uint32_t addr) {
                : "r"(addr));
 }
 
+// Two e4m3 values (the low and high byte of the low 16 bits of v when hi == false, of the high 16
+// bits otherwise) -> f16x2, exactly (every e4m3 value is an f16 value). sm_89+.
+__device__ __forceinline__ uint32_t cvt_e4m3x2_f16x2(uint32_t v, bool hi) {
+  const uint16_t h = static_cast<uint16_t>(hi ? v >> 16 : v);
+  uint32_t r;
+  asm("cvt.rn.f16x2.e4m3x2 %0, %1;\n" : "=r"(r) : "h"(h));
+  return r;
+}
+
+// D(16x8 f32) += A(16x8x16 f16, row) * B(16x8 f16, col).
+__device__ __forceinline__ void mma_f16_16816(float (&d)[4], uint32_t a0, uint32_t a1, uint32_t a2,
+                                              uint32_t a3, uint32_t b0, uint32_t b1) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
+      "{%8,%9}, {%0,%1,%2,%3};\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+}
+
 // D(16x8 f32) += A(16x32 e4m3, row) * B(32x8 e4m3, col). sm_89+.
+// On sm_90 there is no e4m3 mma.sync (Hopper's fp8 tensor path is wgmma): ptxas expands the e4m3
+// instruction into unpacks, two f16 HMMA with a zero accumulator and four fp32 adds per call
+// (docs/PERFORMANCE.md run 12, per-instruction profile). There we convert ourselves and accumulate
+// in place: two m16n8k16 f16 mma. The K positions are relabelled consistently for A and B (a lane's
+// f16 k pair {2 t4, 2 t4 + 1} takes e4m3 bytes {4 t4, 4 t4 + 1} of its register, the pair
+// {8 + 2 t4, 9 + 2 t4} bytes {4 t4 + 2, 4 t4 + 3}); the first mma covers registers a0 / a1 / b0
+// (e4m3 k 0..15), the second a2 / a3 / b1 (k 16..31). Products are exact in f32 either way.
 __device__ __forceinline__ void mma_e4m3_16832(float (&d)[4], const uint32_t (&a)[4],
                                                const uint32_t (&b)[2]) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ == 900
+  mma_f16_16816(d, cvt_e4m3x2_f16x2(a[0], false), cvt_e4m3x2_f16x2(a[1], false),
+                cvt_e4m3x2_f16x2(a[0], true), cvt_e4m3x2_f16x2(a[1], true),
+                cvt_e4m3x2_f16x2(b[0], false), cvt_e4m3x2_f16x2(b[0], true));
+  mma_f16_16816(d, cvt_e4m3x2_f16x2(a[2], false), cvt_e4m3x2_f16x2(a[3], false),
+                cvt_e4m3x2_f16x2(a[2], true), cvt_e4m3x2_f16x2(a[3], true),
+                cvt_e4m3x2_f16x2(b[1], false), cvt_e4m3x2_f16x2(b[1], true));
+#else
   asm volatile(
       "mma.sync.aligned.m16n8k32.row.col.f32.e4m3.e4m3.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
       "{%8,%9}, {%0,%1,%2,%3};\n"
       : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+#endif
 }
 
 // ---- programmatic dependent launch -------------------------------------------------------------

@@ -170,6 +170,9 @@ struct SgTables {
   int32_t act[kSgMaxPairs];    // local expert of active index j
   int32_t eoff[kSgMaxPairs + 1];
   float tw[kSgMaxPairs];
+  // the scale-window offsets of each ring slot, written by the producer before it arms the slot
+  // (the arrive releases them): GEMM1 [0] gate, [1] up; GEMM2 [q] expert q of the stage
+  int32_t woff[kSgMaxStages][16];
   int32_t n_act, n_valid;
 };
 
@@ -219,14 +222,18 @@ __device__ __forceinline__ void sg_block_mma(const uint8_t* a, int pitch, const 
   const uint32_t lo[8] = {l0.x, l0.y, l0.z, l0.w, l1.x, l1.y, l1.z, l1.w};
   const uint32_t hi[8] = {h0.x, h0.y, h0.z, h0.w, h1.x, h1.y, h1.z, h1.w};
   const uint32_t bb[8] = {b0.x, b0.y, b0.z, b0.w, b1.x, b1.y, b1.z, b1.w};
+  // two accumulator chains (j even / odd) so consecutive mma do not wait on each other's result
+  float p2[4] = {0.0f, 0.0f, 0.0f, 0.0f};
 #pragma unroll
   for (int r = 0; r < 4; ++r) part[r] = 0.0f;
 #pragma unroll
   for (int j = 0; j < 4; ++j) {
     const uint32_t av[4] = {lo[2 * j], hi[2 * j], lo[2 * j + 1], hi[2 * j + 1]};
     const uint32_t bv[2] = {bb[2 * j], bb[2 * j + 1]};
-    mma_e4m3_16832(part, av, bv);
+    mma_e4m3_16832(j % 2 == 0 ? part : p2, av, bv);
   }
+#pragma unroll
+  for (int r = 0; r < 4; ++r) part[r] += p2[r];
 }
 
 template <int kW>
@@ -365,16 +372,20 @@ __global__ void __launch_bounds__(sg_threads(kW), 1)
     // (run 12: 2-5% faster on every decode point)
     const uint64_t pol = l2_policy_evict_first();
     if (lane == 0) tma_prefetch_desc(&tm_w1);
-    auto next_slot = [&](uint32_t bytes) {
+    // next_slot waits until the slot is free (the consumers no longer read its data nor its
+    // window offsets); arm_slot, after the offsets are written, announces the bytes
+    auto next_slot = [&]() {
       const int s = ring_pos.slot;
       const uint32_t ph = ring_pos.phase;
-      if (lane == 0) {
-        sg_wait(p, &empty[s], ph ^ 1, &waited);
-        mbar_arrive_expect_tx(&full[s], bytes);
-      }
+      if (lane == 0) sg_wait(p, &empty[s], ph ^ 1, &waited);
       __syncwarp();
       ring_pos.advance(p.nstages);
       return s;
+    };
+    auto arm_slot = [&](int s, uint32_t bytes) {
+      __syncwarp();
+      if (lane == 0) mbar_arrive_expect_tx(&full[s], bytes);
+      __syncwarp();
     };
     for (int k = 0; k < plan.u1_count; ++k) {
       const int u = plan.u1_first + k * gridDim.x;
@@ -390,7 +401,12 @@ __global__ void __launch_bounds__(sg_threads(kW), 1)
         const float* wg = sg_window(sg + k0 / 128, nkb, p.w1_scale_end, &lg, &og);
         const float* wu = sg_window(su + k0 / 128, nkb, p.w1_scale_end, &lu, &ou);
         // two boxes of 8 rows x kc1 bytes; past H the box is zero-filled and still counted
-        const int s = next_slot(16u * p.kc1 + lg + lu);
+        const int s = next_slot();
+        if (lane == 0) {
+          T.woff[s][0] = og;
+          T.woff[s][1] = ou;
+        }
+        arm_slot(s, 16u * p.kc1 + lg + lu);
         unsigned char* stage = ring + s * p.stage_bytes;
         if (lane == 0) {
           tma_load_3d_hint(stage, &tm_w1, &full[s], 0, k0 / 128, row0, pol);
@@ -407,27 +423,27 @@ __global__ void __launch_bounds__(sg_threads(kW), 1)
       for (int st = 0; st < plan.ns2; ++st) {
         const int j0 = st * plan.epx, nq = min(plan.epx, n_act - j0);
         // window of each expert (lanes < nq compute theirs; lane 0 needs the total)
-        uint32_t total = 16u * I * nq;
-        for (int q = 0; q < nq; ++q) {
-          uint32_t l;
-          int o;
-          const float* sr = p.w2.scale + int64_t(T.act[j0 + q]) * p.w2.scale_e_stride +
+        // lane q < nq cuts expert q's window; the bytes of the stage are their sum
+        uint32_t l = 0;
+        int o = 0;
+        const float* wsrc = nullptr;
+        if (lane < nq) {
+          const float* sr = p.w2.scale + int64_t(T.act[j0 + lane]) * p.w2.scale_e_stride +
                             int64_t(n0 / 128) * p.w2.scale_n_stride;
-          sg_window(sr, plan.nkb2, p.w2_scale_end, &l, &o);
-          total += l;
+          wsrc = sg_window(sr, plan.nkb2, p.w2_scale_end, &l, &o);
         }
-        const int s = next_slot(total);
+        uint32_t total = l;
+#pragma unroll
+        for (int off = 16; off > 0; off >>= 1) total += __shfl_xor_sync(0xffffffffu, total, off);
+        total += 16u * I * nq;
+        const int s = next_slot();
+        if (lane < nq) T.woff[s][lane] = o;
+        arm_slot(s, total);
         unsigned char* stage = ring + s * p.stage_bytes;
-        if (lane < nq)  // the expert's 16 rows are contiguous: one copy
+        if (lane < nq) {  // the expert's 16 rows are contiguous: one copy
           bulk_load_1d_hint(stage + lane * 16 * I,
                             p.w2.w + (int64_t(T.act[j0 + lane]) * H + n0) * I, 16u * I, &full[s],
                             pol);
-        if (lane < nq) {
-          uint32_t l;
-          int o;
-          const float* sr = p.w2.scale + int64_t(T.act[j0 + lane]) * p.w2.scale_e_stride +
-                            int64_t(n0 / 128) * p.w2.scale_n_stride;
-          const float* wsrc = sg_window(sr, plan.nkb2, p.w2_scale_end, &l, &o);
           bulk_load_1d(stage + p.data_bytes + lane * kSgWinBytes, wsrc, l, &full[s]);
         }
       }
@@ -463,14 +479,8 @@ __global__ void __launch_bounds__(sg_threads(kW), 1)
       if (k == 0 && st == 0) sg_stamp(p, kTrFirstData1);
       if (warp < nkb) {
         const unsigned char* stage = ring + s * p.stage_bytes;
-        // the scale windows, as the producer cut them
-        const float* sexp = p.w1.scale + int64_t(T.act[j]) * p.w1.scale_e_stride;
-        uint32_t l;
-        int og, ou;
-        sg_window(sexp + int64_t(c0 / 128) * p.w1.scale_n_stride + k0 / 128, nkb, p.w1_scale_end,
-                  &l, &og);
-        sg_window(sexp + int64_t((I + c0) / 128) * p.w1.scale_n_stride + k0 / 128, nkb,
-                  p.w1_scale_end, &l, &ou);
+        // the scale windows' offsets, as the producer cut them
+        const int og = T.woff[s][0], ou = T.woff[s][1];
         const float* win = reinterpret_cast<const float*>(stage + p.data_bytes);
         // K blocks warp, warp + kW, ...: over the stages each warp sums its blocks in K order
         for (int b = warp; b < nkb; b += kW) {
@@ -567,13 +577,8 @@ __global__ void __launch_bounds__(sg_threads(kW), 1)
         const uint8_t* bcol = g < nt ? qh + (e0 + g) * hpitch + kb * 128 : nullptr;
         float part[4];
         sg_block_mma(stage + q * 16 * I + kb * 128, I, bcol, part);
-        uint32_t l;
-        int o;
-        sg_window(p.w2.scale + int64_t(T.act[j]) * p.w2.scale_e_stride +
-                      int64_t(n0 / 128) * p.w2.scale_n_stride,
-                  nkb2, p.w2_scale_end, &l, &o);
-        const float sw =
-            reinterpret_cast<const float*>(stage + p.data_bytes + q * kSgWinBytes)[o + kb];
+        const float sw = reinterpret_cast<const float*>(stage + p.data_bytes +
+                                                        q * kSgWinBytes)[T.woff[s][q] + kb];
         const float sa0 = 2 * t4 < nt ? sh[(e0 + 2 * t4) * nkb2 + kb] : 0.0f;
         const float sa1 = 2 * t4 + 1 < nt ? sh[(e0 + 2 * t4 + 1) * nkb2 + kb] : 0.0f;
         res[0] = part[0] * sa0 * sw;
