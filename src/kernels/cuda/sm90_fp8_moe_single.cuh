@@ -18,17 +18,19 @@
 //      expert's pairs in pair order: the stream path's layout) in shared memory.
 //   1. GEMM1 units: (active expert, 8 output columns) = 8 gate rows + the 8 matching up rows of
 //      w13, K = H in stages of <= kc1 bytes per row. Consumer warp w takes the 128-wide K blocks
-//      w, w + kW, ... of each stage (mma.sync m16n8k32 e4m3: weights as the 16 A rows, the expert's
-//      <= 8 tokens as the B columns), promotes it with the activation group scale and the weight
-//      block scale (both from shared memory: the producer copies the stage's scale words next to
-//      it), and the kW warps' sums are added in warp order at the end of the unit. Warp 0 applies
-//      the activation (rounded like the reference) and writes h to global memory.
+//      w, w + kW, ... of each stage (mma.sync m16n8k32 e4m3, on sm_90 two f16 mma on converted
+//      operands: weights as the 16 A rows, the expert's <= 8 tokens as the B columns), promotes it
+//      with the activation group scale and the weight block scale (both from shared memory: the
+//      producer copies the stage's scale words next to it), and the kW warps' sums are added in
+//      warp order at the end of the unit. Warp 0 applies the activation (rounded like the
+//      reference) and writes h to global memory.
 //   2. Grid barrier (sync[1]); every CTA quantises all of h (1x128 groups) into shared memory.
 //   3. GEMM2 units: 16 rows of w2 for every active expert (a stage holds kW / (I / 128) experts),
-//      each warp one (expert, 128-wide K block); the K blocks of an expert are added in order,
-//      times the router weight, rounded to bf16 (y2), and the unit's output rows are the sums of
-//      each token's local slots in slot order (the reference's top-k sum). No atomics on data, so
-//      the output is deterministic.
+//      each warp one (expert, 128-wide K block); the K blocks of an expert are added in order (the
+//      expert's warps meet at their own named barrier), times the router weight, rounded to bf16
+//      (y2), and the unit's output rows are the sums of each token's local slots in slot order
+//      (the reference's top-k sum; one CTA-wide barrier per unit). No atomics on data, so the
+//      output is deterministic.
 // The producer warp walks the same unit/stage sequence: wait for a free slot, expect the stage's
 // bytes on its full barrier, issue two TMA boxes (GEMM1: the 8 gate and the 8 up rows x kc1 bytes,
 // through a 3D view of w13 as rows x K blocks x 128 bytes) or one bulk copy per expert's 16 rows
@@ -57,9 +59,9 @@ constexpr int kSgMaxStages = 12;
 // windows of kSgWinBytes.
 constexpr int kSgWinBytes = 160;  // one scale window: <= 32 floats, 16-byte aligned copy
 constexpr int sg_data2_bytes(int kW) { return kW * 2048; }  // (kW / nkb) * 16 * 128 nkb
-// barriers, tables, reductions, y2 rows
+// barriers, tables, reductions (two buffers), y2 rows (two buffers: GEMM2 units alternate)
 constexpr int sg_fixed_bytes(int kW) {
-  return 16 * kSgMaxStages + 4096 + 2 * kW * 32 * 16 + kSgMaxPairs * 16 * 4;
+  return 16 * kSgMaxStages + 4096 + 2 * kW * 32 * 16 + 2 * kSgMaxPairs * 16 * 4;
 }
 
 struct SingleParams {
@@ -132,6 +134,11 @@ __device__ __forceinline__ void sg_wait(const SingleParams& p, uint64_t* bar, ui
 template <int kW>
 __device__ __forceinline__ void sg_consumer_sync() {
   asm volatile("bar.sync 1, %0;\n" ::"n"(kW * 32) : "memory");
+}
+// The `warps` consumer warps of one GEMM2 expert slot q of a stage (q < 8 when warps >= 2: named
+// barriers 2..9).
+__device__ __forceinline__ void sg_group_sync(int q, int warps) {
+  asm volatile("bar.sync %0, %1;\n" ::"r"(2 + q), "r"(warps * 32) : "memory");
 }
 
 // A 16-byte aligned window of <= kSgWinBytes holding the n (<= 32) floats at p, kept inside the
@@ -264,7 +271,11 @@ __global__ void __launch_bounds__(sg_threads(kW), 1)
   if (tid == 0) {
     for (int i = 0; i < p.nstages; ++i) {
       mbar_init(&full[i], 1);
-      mbar_init(&empty[i], kW);
+      // every consumer thread arrives: mbarrier.arrive releases the arriving thread's own
+      // accesses, so each thread's reads of the slot are ordered before the producer's rewrite
+      // without relying on __syncwarp + one elected arrive (which compute-sanitizer racecheck
+      // reports as a race once the ring wraps, run 13)
+      mbar_init(&empty[i], kW * 32);
     }
     fence_barrier_init();
   }
@@ -437,7 +448,10 @@ __global__ void __launch_bounds__(sg_threads(kW), 1)
         for (int off = 16; off > 0; off >>= 1) total += __shfl_xor_sync(0xffffffffu, total, off);
         total += 16u * I * nq;
         const int s = next_slot();
-        if (lane < nq) T.woff[s][lane] = o;
+        for (int qq = 0; qq < nq; ++qq) {  // lane 0 writes them: its arrive releases them
+          const int oq = __shfl_sync(0xffffffffu, o, qq);
+          if (lane == 0) T.woff[s][qq] = oq;
+        }
         arm_slot(s, total);
         unsigned char* stage = ring + s * p.stage_bytes;
         if (lane < nq) {  // the expert's 16 rows are contiguous: one copy
@@ -497,8 +511,7 @@ __global__ void __launch_bounds__(sg_threads(kW), 1)
           total[3] += part[3] * sa1 * sw_u;
         }
       }
-      __syncwarp();
-      if (lane == 0) mbar_arrive(&empty[s]);
+      mbar_arrive(&empty[s]);
     }
     // the kW warps' sums in warp order; warp 0 finishes the unit
     float* rb = red + red_buf * (kW * 32 * 4);
@@ -537,33 +550,57 @@ __global__ void __launch_bounds__(sg_threads(kW), 1)
 
   // ---- h -> fp8 in 1x128 groups (every CTA, all pairs; qx is no longer read) --------------
   {
+    // four groups per warp in flight: their L2 reads first, then the four quantisations (run 13:
+    // one group at a time took ~3 us of L2 round trips at DeepSeek-V3 TP2)
+    constexpr int kHq = 4;
     const int nkb2 = I / 128, items = T.n_valid * nkb2;
-    for (int i = warp; i < items; i += kW) {
-      const int pos = i / nkb2, grp = i % nkb2;
-      const float4 v =
-          __ldcg(reinterpret_cast<const float4*>(p.hbuf + int64_t(pos) * I + grp * 128) + lane);
-      float amax = fmaxf(fmaxf(fabsf(v.x), fabsf(v.y)), fmaxf(fabsf(v.z), fabsf(v.w)));
-      amax = warp_max(amax);
-      const float s = group_scale(amax, p.ue8m0 != 0, p.min_scale2);
-      const uint32_t lo = float2_to_e4m3x2(v.x / s, v.y / s),
-                     hi = float2_to_e4m3x2(v.z / s, v.w / s);
-      *reinterpret_cast<uint32_t*>(qh + pos * hpitch + grp * 128 + lane * 4) = lo | (hi << 16);
-      if (lane == 0) sh[pos * nkb2 + grp] = s;
+    for (int i0 = warp; i0 < items; i0 += kHq * kW) {
+      float4 vv[kHq];
+#pragma unroll
+      for (int u = 0; u < kHq; ++u) {
+        const int i = i0 + u * kW;
+        if (i < items)
+          vv[u] = __ldcg(
+              reinterpret_cast<const float4*>(p.hbuf + int64_t(i / nkb2) * I + (i % nkb2) * 128) +
+              lane);
+      }
+#pragma unroll
+      for (int u = 0; u < kHq; ++u) {
+        const int i = i0 + u * kW;
+        if (i >= items) break;
+        const int pos = i / nkb2, grp = i % nkb2;
+        const float4 v = vv[u];
+        float amax = fmaxf(fmaxf(fabsf(v.x), fabsf(v.y)), fmaxf(fabsf(v.z), fabsf(v.w)));
+        amax = warp_max(amax);
+        const float s = group_scale(amax, p.ue8m0 != 0, p.min_scale2);
+        const uint32_t lo = float2_to_e4m3x2(v.x / s, v.y / s),
+                       hi = float2_to_e4m3x2(v.z / s, v.w / s);
+        *reinterpret_cast<uint32_t*>(qh + pos * hpitch + grp * 128 + lane * 4) = lo | (hi << 16);
+        if (lane == 0) sh[pos * nkb2 + grp] = s;
+      }
     }
   }
   sg_consumer_sync<kW>();
   sg_stamp(p, kTrHQuant);
 
   // ---- consumers: GEMM2 ------------------------------------------------------------------
+  // Warp (q, kb) takes K block kb of the stage's expert q. The nkb2 warps of an expert meet at
+  // their own named barrier (not the whole CTA) and the kb = 0 one adds their sums in K order;
+  // the unit's y2 rows alternate between two buffers, so one CTA-wide barrier per unit is enough
+  // (run 13: three CTA-wide barriers per stage took ~2 us per stage with the data already in
+  // shared memory).
   const int nkb2 = plan.nkb2;
+  const int q = warp / nkb2, kb = warp % nkb2;
+  int ybuf_i = 0;
   for (int k = 0; k < plan.u2_count; ++k) {
     const int n0 = (plan.u2_first + k * gridDim.x) * 16;
+    float* yb = ybuf + ybuf_i * (kSgMaxPairs * 16);
+    ybuf_i ^= 1;
     for (int st = 0; st < plan.ns2; ++st) {
       const int s = rc.slot;
       const uint32_t ph = rc.phase;
       rc.advance(p.nstages);
       const int j0 = st * plan.epx, nq = min(plan.epx, n_act - j0);
-      const int q = warp / nkb2, kb = warp % nkb2;
       const bool mine = q < nq;
       float res[4] = {0.0f, 0.0f, 0.0f, 0.0f};
       int e0 = 0, nt = 0;
@@ -586,27 +623,31 @@ __global__ void __launch_bounds__(sg_threads(kW), 1)
         res[2] = part[2] * sa0 * sw;
         res[3] = part[3] * sa1 * sw;
       }
-      __syncwarp();
-      if (lane == 0) mbar_arrive(&empty[s]);
-      float* rb = red + red_buf * (kW * 32 * 4);
-      red_buf ^= 1;
+      mbar_arrive(&empty[s]);
+      if (!mine) continue;
+      float v[4] = {res[0], res[1], res[2], res[3]};
+      if (nkb2 > 1) {
+        float* rb = red + red_buf * (kW * 32 * 4);
+        red_buf ^= 1;
+        if (kb != 0) {
 #pragma unroll
-      for (int r = 0; r < 4; ++r) rb[(warp * 32 + lane) * 4 + r] = res[r];
-      sg_consumer_sync<kW>();
-      if (mine && kb == 0) {  // the expert's K blocks in order, * router weight, rounded (y2)
-        float v[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-        for (int b = 0; b < nkb2; ++b)
+          for (int r = 0; r < 4; ++r) rb[(warp * 32 + lane) * 4 + r] = res[r];
+        }
+        sg_group_sync(q, nkb2);
+        if (kb != 0) continue;
+        // the expert's K blocks in order
+        for (int b = 1; b < nkb2; ++b)
 #pragma unroll
           for (int r = 0; r < 4; ++r) v[r] += rb[((warp + b) * 32 + lane) * 4 + r];
+      }
 #pragma unroll
-        for (int c = 0; c < 2; ++c) {
-          const int col = 2 * t4 + c;
-          if (col >= nt) continue;
-          const int pair = T.plist[e0 + col];
-          const float rw = T.tw[pair];
-          ybuf[pair * 16 + g] = bf16_round(v[c] * rw);
-          ybuf[pair * 16 + g + 8] = bf16_round(v[2 + c] * rw);
-        }
+      for (int c = 0; c < 2; ++c) {  // * router weight, rounded (y2)
+        const int col = 2 * t4 + c;
+        if (col >= nt) continue;
+        const int pair = T.plist[e0 + col];
+        const float rw = T.tw[pair];
+        yb[pair * 16 + g] = bf16_round(v[c] * rw);
+        yb[pair * 16 + g + 8] = bf16_round(v[2 + c] * rw);
       }
     }
     sg_consumer_sync<kW>();
@@ -617,11 +658,10 @@ __global__ void __launch_bounds__(sg_threads(kW), 1)
       for (int sl = 0; sl < topk; ++sl) {
         const int pair = t * topk + sl;
         if (T.pe[pair] < 0) continue;
-        acc += ybuf[pair * 16 + r];
+        acc += yb[pair * 16 + r];
       }
       p.out[int64_t(t) * H + n0 + r] = float_to_bf16_bits(acc);
     }
-    sg_consumer_sync<kW>();
   }
   sg_stamp(p, kTrGemm2);
   if (p.trace && tid == 0) {
