@@ -37,20 +37,36 @@ const SgDevice& sg_device() {
   return d;
 }
 
+// GEMM1 on wgmma (FP8MOE_SINGLE_GEMM1=wgmma, the default) or on mma.sync (=mma; on sm_90 two f16
+// mma per e4m3 block after converting both operands).
+bool g1_wgmma() {
+  static const bool w = [] {
+    const char* v = std::getenv("FP8MOE_SINGLE_GEMM1");
+    return !(v && std::strcmp(v, "mma") == 0);
+  }();
+  return w;
+}
+
 int64_t act_bytes(const MoeProblem& p) {
   const int64_t P = p.M * p.topk;
-  const int64_t x = p.M * (p.H + 16) + p.M * (p.H / 128) * 4;
+  // x: mma layout M rows of H + 16 bytes; wgmma layout M x H plus the 128 bytes the last K chunk's
+  // unused B rows read
+  const int64_t x = p.M * (p.H + 16) + 128 + p.M * (p.H / 128) * 4;
   const int64_t h = P * (p.I + 16) + P * (p.I / 128) * 4;
   return round_up(std::max(x, h), 16);
 }
 
-// The ring for GEMM1 stages of kc bytes per weight row: stage size and count.
+// The ring for GEMM1 stages of kc bytes per weight row: stage size and count. mma: 16 rows of kc
+// bytes, then the scale windows. wgmma: a 4 KB header (the two scale windows), then 32 rows x kc
+// (K-block slabs of 4 KB). Either holds a GEMM2 stage (data, then kW windows). Multiples of 1024
+// (the 128-byte swizzle's alignment).
 int stage_bytes_for(int kc) {
-  return static_cast<int>(
-      round_up(std::max(16 * kc, sg_data2_bytes(kSgWarps)) + kSgWarps * kSgWinBytes, 128));
+  const int64_t g2 = sg_data2_bytes(kSgWarps) + kSgWarps * kSgWinBytes;
+  const int64_t g1 = g1_wgmma() ? 4096 + 32 * kc : 16 * kc + kSgWarps * kSgWinBytes;
+  return static_cast<int>(round_up(std::max(g1, g2), 1024));
 }
 int stages_for(const MoeProblem& p, int kc) {
-  const int64_t left = kSgMaxSmem - sg_fixed_bytes(kSgWarps) - act_bytes(p);
+  const int64_t left = kSgMaxSmem - 1024 - sg_fixed_bytes(kSgWarps) - act_bytes(p);
   return static_cast<int>(
       std::min<int64_t>(kSgMaxStages, std::max<int64_t>(left, 0) / stage_bytes_for(kc)));
 }
@@ -68,17 +84,21 @@ int kc1(const MoeProblem& p) {
     return 0;
   }();
   const int cap = static_cast<int>(std::min<int64_t>(4096, round_up(p.H, 1024)));
+  if (g1_wgmma()) return 1024;  // 32 KB of weights per stage, 8 K blocks: 2 per warpgroup
   if (forced) return std::min(forced, cap);
   for (int kc = cap; kc > 1024; kc /= 2)
     if (stages_for(p, kc) >= kSgMinStages) return kc;
   return 1024;
 }
-int data_bytes(const MoeProblem& p) { return std::max(16 * kc1(p), sg_data2_bytes(kSgWarps)); }
+int data_bytes(const MoeProblem& p) {
+  return g1_wgmma() ? sg_data2_bytes(kSgWarps) : std::max(16 * kc1(p), sg_data2_bytes(kSgWarps));
+}
 int stage_bytes(const MoeProblem& p) { return stage_bytes_for(kc1(p)); }
 int stages(const MoeProblem& p) { return stages_for(p, kc1(p)); }
 
 int smem_bytes(const MoeProblem& p) {
-  return static_cast<int>(stages(p) * int64_t(stage_bytes(p)) + act_bytes(p) +
+  // + 1024: the ring starts at the first 1024-byte boundary of the dynamic shared memory
+  return static_cast<int>(1024 + stages(p) * int64_t(stage_bytes(p)) + act_bytes(p) +
                           sg_fixed_bytes(kSgWarps));
 }
 
@@ -137,11 +157,13 @@ void print_trace(const MoeProblem& p, const unsigned long long* dev, int ctas) {
   int khz = 0;
   cudaDeviceGetAttribute(&khz, cudaDevAttrClockRate, 0);
   std::fprintf(stderr,
-               "single trace M=%lld H=%lld I=%lld E=%lld topk=%lld kc1=%d stages=%d warps=%d (%d "
-               "CTAs), us since the first start: CTA 0 / median / max (waits: median / max)\n ",
+               "single trace M=%lld H=%lld I=%lld E=%lld topk=%lld gemm1=%s kc1=%d stages=%d warps=%d "
+               "(%d CTAs), us since the first start: CTA 0 / median / max (waits: median / "
+               "max)\n ",
                static_cast<long long>(p.M), static_cast<long long>(p.H),
                static_cast<long long>(p.I), static_cast<long long>(p.E),
-               static_cast<long long>(p.topk), kc1(p), stages(p), kSgWarps, ctas);
+               static_cast<long long>(p.topk), g1_wgmma() ? "wgmma" : "mma", kc1(p), stages(p),
+               kSgWarps, ctas);
   for (int k = 0; k < kSgTracePoints; ++k) {
     const bool wait = k >= kTrWaitFull1;
     std::vector<double> us;
@@ -234,8 +256,12 @@ void run_single(const MoeProblem& p, void* workspace) {
   sp.sync = reinterpret_cast<unsigned*>(ws + L.sync);
   sp.out = static_cast<uint16_t*>(p.out);
 
-  // GEMM1 weights: boxes of 8 rows x kc1 bytes of w13 (E * 2I rows of H bytes)
-  const CUtensorMap tm_w1 = make_tma_rows_kblocks_u8(p.w1.w, p.H, p.E * 2 * p.I, sp.kc1 / 128, 8);
+  // GEMM1 weights: mma: boxes of 8 rows x kc1 bytes of w13 (E * 2I rows of H bytes); wgmma: 16
+  // gate + 16 up rows x kc1 bytes, 128-byte swizzle
+  sp.g1_wgmma = g1_wgmma();
+  const CUtensorMap tm_w1 =
+      sp.g1_wgmma ? make_tma_w13_pairs_sw128(p.w1.w, p.H, p.E * 2 * p.I, p.I, sp.kc1 / 128)
+                  : make_tma_rows_kblocks_u8(p.w1.w, p.H, p.E * 2 * p.I, sp.kc1 / 128, 8);
 
   const int smem = smem_bytes(p);
   void (*kernel)(SingleParams, CUtensorMap) = moe_single_kernel<kSgWarps>;

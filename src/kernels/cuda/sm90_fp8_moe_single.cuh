@@ -82,6 +82,7 @@ struct SingleParams {
   int h_f32;         // h is not rounded to bf16 (fused SiLU+quant semantics)
   ActParams ap;
   int nstages;
+  int g1_wgmma;     // GEMM1 on wgmma (units of 16 columns) instead of mma.sync (8 columns)
   int kc1;          // GEMM1 bytes per row and stage (a multiple of 1024)
   int data_bytes;   // max(16 * kc1, sg_data2_bytes(kW))
   int stage_bytes;  // data_bytes + kW windows, a multiple of 128
@@ -141,6 +142,38 @@ __device__ __forceinline__ void sg_group_sync(int q, int warps) {
   asm volatile("bar.sync %0, %1;\n" ::"r"(2 + q), "r"(warps * 32) : "memory");
 }
 
+// ---- wgmma (GEMM1 when g1_wgmma) -------------------------------------------------------------
+// A: K-major, 128-byte swizzle, 8-row groups 1024 bytes apart (the TMA box's layout).
+__device__ __forceinline__ uint64_t sg_desc_sw128(const void* smem) {
+  const uint64_t addr = smem_u32(smem);
+  return ((addr & 0x3FFFFull) >> 4) | (uint64_t(1) << 16) | (uint64_t(1024 >> 4) << 32) |
+         (uint64_t(1) << 62);
+}
+// B: K-major without swizzle: core matrices of 8 rows x 16 bytes (row r at +16 r), the next 16
+// bytes of K `lbo` bytes further (lbo = 16 M: the token rows >= M of a core matrix read the next
+// one's bytes, results nobody reads).
+__device__ __forceinline__ uint64_t sg_desc_interleave(const void* smem, int lbo) {
+  const uint64_t addr = smem_u32(smem);
+  return ((addr & 0x3FFFFull) >> 4) | (uint64_t(lbo >> 4) << 16) | (uint64_t(128 >> 4) << 32);
+}
+// D(64 x 8 f32, per warpgroup) (+)= A(64 x 32 e4m3) * B(8 x 32 e4m3)^T; scale_d = 0 overwrites.
+__device__ __forceinline__ void sg_wgmma_n8(float (&d)[4], uint64_t da, uint64_t db, int scale_d) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %6, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n8k32.f32.e4m3.e4m3 {%0, %1, %2, %3}, %4, %5, p, 1, 1;\n}\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "l"(da), "l"(db), "r"(scale_d));
+}
+__device__ __forceinline__ void sg_wgmma_fence() {
+  asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
+}
+__device__ __forceinline__ void sg_wgmma_commit_wait() {
+  asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
+  asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");
+}
+// K blocks per warpgroup and stage at most (kc1 = 1024: 8 K blocks over 4 warpgroups)
+constexpr int kSgWgKb = 2;
+
 // A 16-byte aligned window of <= kSgWinBytes holding the n (<= 32) floats at p, kept inside the
 // tensor [.., end) (end 16-byte aligned): bulk copies need 16-byte addresses and sizes. Returns the
 // window start; *len its bytes, *off the index of p in it.
@@ -195,7 +228,7 @@ template <int kW>
 __device__ __forceinline__ SgPlan sg_plan(const SingleParams& p, int n_act) {
   SgPlan q;
   const int G = gridDim.x, b = blockIdx.x;
-  const int U1 = n_act * (p.I / 8);
+  const int U1 = n_act * (p.I / (p.g1_wgmma ? 16 : 8));
   q.u1_first = b;
   q.u1_count = b < U1 ? (U1 - b + G - 1) / G : 0;
   q.ns1 = (p.H + p.kc1 - 1) / p.kc1;
@@ -251,7 +284,8 @@ __global__ void __launch_bounds__(sg_threads(kW), 1)
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, t4 = lane & 3;
   const int M = p.M, H = p.H, I = p.I, topk = p.topk, P = M * topk;
   // shared layout: ring | token region | barriers | tables | reductions | y2 rows
-  unsigned char* ring = sg_smem;
+  unsigned char* ring = reinterpret_cast<unsigned char*>(
+      (reinterpret_cast<uintptr_t>(sg_smem) + 1023) & ~uintptr_t(1023));
   unsigned char* treg = ring + p.nstages * p.stage_bytes;
   uint64_t* full = reinterpret_cast<uint64_t*>(treg + p.act_bytes);
   uint64_t* empty = full + kSgMaxStages;
@@ -313,7 +347,10 @@ __global__ void __launch_bounds__(sg_threads(kW), 1)
       amax = group_max<16>(amax);
       if (!ok) continue;
       const float s = group_scale(amax, p.ue8m0 != 0, 0.0f);
-      *reinterpret_cast<uint2*>(qx + t * xpitch + c8 * 8) = quant8(v, s);
+      // mma: row t at pitch xpitch; wgmma: 16-byte chunk c of every token, then chunk c + 1
+      uint8_t* dst =
+          p.g1_wgmma ? qx + (c8 >> 1) * 16 * M + t * 16 + (c8 & 1) * 8 : qx + t * xpitch + c8 * 8;
+      *reinterpret_cast<uint2*>(dst) = quant8(v, s);
       if (c8 % 16 == 0) sx[t * (H / 128) + c8 / 16] = s;
     }
   }
@@ -373,7 +410,7 @@ __global__ void __launch_bounds__(sg_threads(kW), 1)
   sg_stamp(p, kTrTables);
   const int n_act = T.n_act;
   const SgPlan plan = sg_plan<kW>(p, n_act);
-  const int units1 = I / 8;
+  const int units1 = I / (p.g1_wgmma ? 16 : 8);
 
   // ---- producer warp ---------------------------------------------------------------------
   if (warp == kW) {
@@ -400,7 +437,7 @@ __global__ void __launch_bounds__(sg_threads(kW), 1)
     };
     for (int k = 0; k < plan.u1_count; ++k) {
       const int u = plan.u1_first + k * gridDim.x;
-      const int j = u / units1, c0 = (u % units1) * 8, e = T.act[j];
+      const int j = u / units1, c0 = (u % units1) * (p.g1_wgmma ? 16 : 8), e = T.act[j];
       const int row0 = e * 2 * I + c0;  // gate rows row0.., up rows row0 + I.. of w13
       const float* sexp = p.w1.scale + int64_t(e) * p.w1.scale_e_stride;
       const float* sg = sexp + int64_t(c0 / 128) * p.w1.scale_n_stride;
@@ -417,8 +454,18 @@ __global__ void __launch_bounds__(sg_threads(kW), 1)
           T.woff[s][0] = og;
           T.woff[s][1] = ou;
         }
-        arm_slot(s, 16u * p.kc1 + lg + lu);
         unsigned char* stage = ring + s * p.stage_bytes;
+        if (p.g1_wgmma) {  // windows in the 4 KB header, then one box: 16 + 16 rows x kc1
+          arm_slot(s, 32u * p.kc1 + lg + lu);
+          if (lane == 0)
+            tma_load_4d_hint(stage + 4096, &tm_w1, &full[s], 0, row0, 0, k0 / 128, pol);
+          else if (lane == 16)
+            bulk_load_1d(stage, wg, lg, &full[s]);
+          else if (lane == 17)
+            bulk_load_1d(stage + kSgWinBytes, wu, lu, &full[s]);
+          continue;
+        }
+        arm_slot(s, 16u * p.kc1 + lg + lu);
         if (lane == 0) {
           tma_load_3d_hint(stage, &tm_w1, &full[s], 0, k0 / 128, row0, pol);
           tma_load_3d_hint(stage + 8 * pitch1, &tm_w1, &full[s], 0, k0 / 128, row0 + I, pol);
@@ -473,68 +520,152 @@ __global__ void __launch_bounds__(sg_threads(kW), 1)
   SgRing rc;
   int red_buf = 0;
   long long wait1 = 0, wait2 = 0;
-  for (int k = 0; k < plan.u1_count; ++k) {
-    const int u = plan.u1_first + k * gridDim.x;
-    const int j = u / units1, c0 = (u % units1) * 8;
-    const int e0 = T.eoff[j], nt = T.eoff[j + 1] - e0;
-    // B column g: token row of the expert's pair g; scale columns 2 t4 + c
-    const uint8_t* bcol = g < nt ? qx + (T.plist[e0 + g] / topk) * xpitch : nullptr;
-    int srow[2];
-#pragma unroll
-    for (int c = 0; c < 2; ++c)
-      srow[c] = 2 * t4 + c < nt ? (T.plist[e0 + 2 * t4 + c] / topk) * (H / 128) : -1;
-    float total[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-    for (int st = 0; st < plan.ns1; ++st) {
-      const int s = rc.slot;
-      const uint32_t ph = rc.phase;
-      rc.advance(p.nstages);
-      const int k0 = st * p.kc1, nkb = min(p.kc1, H - k0) / 128;
-      sg_wait(p, &full[s], ph, &wait1);
-      if (k == 0 && st == 0) sg_stamp(p, kTrFirstData1);
-      if (warp < nkb) {
+  if (p.g1_wgmma) {
+    // Unit (expert, 16 columns): tile rows 32-63 of each K block are its 16 gate and 16 up rows
+    // (the box's slab; rows 0-31 read the 4 KB before it -- the header or the previous slab --
+    // and nobody reads their results), so warps 2 and 3 of a warpgroup hold the gate and the up
+    // sums. B: every token (N = 8, columns >= M unused). Warpgroup wg takes K blocks wg, wg + 4 of
+    // each stage; its sums are promoted per K block and the four warpgroups' added in order at the
+    // unit's end.
+    const int wg = warp >> 2, wq = warp & 3;
+    const int tA = 2 * t4, tB = 2 * t4 + 1;
+    for (int k = 0; k < plan.u1_count; ++k) {
+      const int u = plan.u1_first + k * gridDim.x;
+      const int j = u / units1, c0 = (u % units1) * 16;
+      const int e0 = T.eoff[j], nt = T.eoff[j + 1] - e0;
+      float total[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+      for (int st = 0; st < plan.ns1; ++st) {
+        const int s = rc.slot;
+        const uint32_t ph = rc.phase;
+        rc.advance(p.nstages);
+        const int k0 = st * p.kc1, nkb = min(p.kc1, H - k0) / 128;
+        sg_wait(p, &full[s], ph, &wait1);
+        if (k == 0 && st == 0) sg_stamp(p, kTrFirstData1);
         const unsigned char* stage = ring + s * p.stage_bytes;
-        // the scale windows' offsets, as the producer cut them
-        const int og = T.woff[s][0], ou = T.woff[s][1];
-        const float* win = reinterpret_cast<const float*>(stage + p.data_bytes);
-        // K blocks warp, warp + kW, ...: over the stages each warp sums its blocks in K order
-        for (int b = warp; b < nkb; b += kW) {
-          float part[4];
-          sg_block_mma(stage + b * 128, pitch1, bcol ? bcol + k0 + b * 128 : nullptr, part);
-          const float sw_g = win[og + b];
-          const float sw_u = win[kSgWinBytes / 4 + ou + b];
-          const int kb = k0 / 128 + b;
-          const float sa0 = srow[0] >= 0 ? sx[srow[0] + kb] : 0.0f;
-          const float sa1 = srow[1] >= 0 ? sx[srow[1] + kb] : 0.0f;
-          total[0] += part[0] * sa0 * sw_g;
-          total[1] += part[1] * sa1 * sw_g;
-          total[2] += part[2] * sa0 * sw_u;
-          total[3] += part[3] * sa1 * sw_u;
+        float acc[kSgWgKb][4];
+#pragma unroll
+        for (int i = 0; i < kSgWgKb; ++i)
+#pragma unroll
+          for (int r = 0; r < 4; ++r) acc[i][r] = 0.0f;
+        sg_wgmma_fence();
+#pragma unroll
+        for (int i = 0; i < kSgWgKb; ++i) {
+          const int b = wg + 4 * i;
+          if (b >= nkb) break;
+          const uint64_t da = sg_desc_sw128(stage + b * 4096);
+          const uint64_t db = sg_desc_interleave(qx + (k0 / 128 + b) * 128 * M, 16 * M);
+#pragma unroll
+          for (int ks = 0; ks < 4; ++ks)
+            sg_wgmma_n8(acc[i], da + 2 * ks, db + uint64_t(2 * ks * M), ks > 0);
+        }
+        sg_wgmma_commit_wait();
+        if (wq >= 2) {
+          const float* win = reinterpret_cast<const float*>(stage);
+          const int wo = wq == 2 ? T.woff[s][0] : kSgWinBytes / 4 + T.woff[s][1];
+#pragma unroll
+          for (int i = 0; i < kSgWgKb; ++i) {
+            const int b = wg + 4 * i;
+            if (b >= nkb) break;
+            const int kb = k0 / 128 + b;
+            const float sw = win[wo + b];
+            const float sa0 = tA < M ? sx[tA * (H / 128) + kb] : 0.0f;
+            const float sa1 = tB < M ? sx[tB * (H / 128) + kb] : 0.0f;
+            total[0] += acc[i][0] * sa0 * sw;
+            total[1] += acc[i][1] * sa1 * sw;
+            total[2] += acc[i][2] * sa0 * sw;
+            total[3] += acc[i][3] * sa1 * sw;
+          }
+        }
+        mbar_arrive(&empty[s]);
+      }
+      // the four warpgroups' sums in order; thread (pair idx, column i) finishes h
+      float* rb = red + red_buf * (kW * 32 * 4);
+      red_buf ^= 1;
+      if (wq >= 2) {
+#pragma unroll
+        for (int r = 0; r < 4; ++r) rb[((wg * 2 + wq - 2) * 32 + lane) * 4 + r] = total[r];
+      }
+      sg_consumer_sync<kW>();
+      if (tid < 16 * nt) {
+        const int i = tid & 15, idx = tid >> 4;
+        const int tok = T.plist[e0 + idx] / topk;
+        // accumulator element of (row i, column tok): lane (i % 8) * 4 + tok / 2, register
+        // 2 (i / 8) + tok % 2
+        const int ln = (i & 7) * 4 + (tok >> 1), rr = (i >> 3) * 2 + (tok & 1);
+        float gsum = 0.0f, usum = 0.0f;
+        for (int w = 0; w < 4; ++w) {
+          gsum += rb[((w * 2) * 32 + ln) * 4 + rr];
+          usum += rb[((w * 2 + 1) * 32 + ln) * 4 + rr];
+        }
+        const float y_g = round_act(p.ap, gsum), y_u = round_act(p.ap, usum);
+        const float h = act_gated(p.ap, y_g, y_u);
+        p.hbuf[int64_t(e0 + idx) * I + c0 + i] = p.h_f32 ? h : bf16_round(h);
+      }
+    }
+  } else {
+    for (int k = 0; k < plan.u1_count; ++k) {
+      const int u = plan.u1_first + k * gridDim.x;
+      const int j = u / units1, c0 = (u % units1) * 8;
+      const int e0 = T.eoff[j], nt = T.eoff[j + 1] - e0;
+      // B column g: token row of the expert's pair g; scale columns 2 t4 + c
+      const uint8_t* bcol = g < nt ? qx + (T.plist[e0 + g] / topk) * xpitch : nullptr;
+      int srow[2];
+#pragma unroll
+      for (int c = 0; c < 2; ++c)
+        srow[c] = 2 * t4 + c < nt ? (T.plist[e0 + 2 * t4 + c] / topk) * (H / 128) : -1;
+      float total[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+      for (int st = 0; st < plan.ns1; ++st) {
+        const int s = rc.slot;
+        const uint32_t ph = rc.phase;
+        rc.advance(p.nstages);
+        const int k0 = st * p.kc1, nkb = min(p.kc1, H - k0) / 128;
+        sg_wait(p, &full[s], ph, &wait1);
+        if (k == 0 && st == 0) sg_stamp(p, kTrFirstData1);
+        if (warp < nkb) {
+          const unsigned char* stage = ring + s * p.stage_bytes;
+          // the scale windows' offsets, as the producer cut them
+          const int og = T.woff[s][0], ou = T.woff[s][1];
+          const float* win = reinterpret_cast<const float*>(stage + p.data_bytes);
+          // K blocks warp, warp + kW, ...: over the stages each warp sums its blocks in K order
+          for (int b = warp; b < nkb; b += kW) {
+            float part[4];
+            sg_block_mma(stage + b * 128, pitch1, bcol ? bcol + k0 + b * 128 : nullptr, part);
+            const float sw_g = win[og + b];
+            const float sw_u = win[kSgWinBytes / 4 + ou + b];
+            const int kb = k0 / 128 + b;
+            const float sa0 = srow[0] >= 0 ? sx[srow[0] + kb] : 0.0f;
+            const float sa1 = srow[1] >= 0 ? sx[srow[1] + kb] : 0.0f;
+            total[0] += part[0] * sa0 * sw_g;
+            total[1] += part[1] * sa1 * sw_g;
+            total[2] += part[2] * sa0 * sw_u;
+            total[3] += part[3] * sa1 * sw_u;
+          }
+        }
+        mbar_arrive(&empty[s]);
+      }
+      // the kW warps' sums in warp order; warp 0 finishes the unit
+      float* rb = red + red_buf * (kW * 32 * 4);
+      red_buf ^= 1;
+#pragma unroll
+      for (int r = 0; r < 4; ++r) rb[(warp * 32 + lane) * 4 + r] = total[r];
+      sg_consumer_sync<kW>();
+      if (warp == 0) {
+        float v[4] = {total[0], total[1], total[2], total[3]};
+        for (int w = 1; w < kW; ++w)
+#pragma unroll
+          for (int r = 0; r < 4; ++r) v[r] += rb[(w * 32 + lane) * 4 + r];
+#pragma unroll
+        for (int c = 0; c < 2; ++c) {
+          const int col = 2 * t4 + c;
+          if (col >= nt) continue;
+          // row g: gate column c0 + g; row g + 8: its up row
+          const float y_g = round_act(p.ap, v[c]), y_u = round_act(p.ap, v[2 + c]);
+          const float h = act_gated(p.ap, y_g, y_u);
+          p.hbuf[int64_t(e0 + col) * I + c0 + g] = p.h_f32 ? h : bf16_round(h);
         }
       }
-      mbar_arrive(&empty[s]);
     }
-    // the kW warps' sums in warp order; warp 0 finishes the unit
-    float* rb = red + red_buf * (kW * 32 * 4);
-    red_buf ^= 1;
-#pragma unroll
-    for (int r = 0; r < 4; ++r) rb[(warp * 32 + lane) * 4 + r] = total[r];
-    sg_consumer_sync<kW>();
-    if (warp == 0) {
-      float v[4] = {total[0], total[1], total[2], total[3]};
-      for (int w = 1; w < kW; ++w)
-#pragma unroll
-        for (int r = 0; r < 4; ++r) v[r] += rb[(w * 32 + lane) * 4 + r];
-#pragma unroll
-      for (int c = 0; c < 2; ++c) {
-        const int col = 2 * t4 + c;
-        if (col >= nt) continue;
-        // row g: gate column c0 + g; row g + 8: its up row
-        const float y_g = round_act(p.ap, v[c]), y_u = round_act(p.ap, v[2 + c]);
-        const float h = act_gated(p.ap, y_g, y_u);
-        p.hbuf[int64_t(e0 + col) * I + c0 + g] = p.h_f32 ? h : bf16_round(h);
-      }
-    }
-  }
+  }  // mma GEMM1
 
   // ---- grid barrier: every CTA's h is written ---------------------------------------------
   __threadfence();
