@@ -683,23 +683,23 @@ TEST(CudaStreamPath, ExpertMapPaddedSlotsAndEmptyExperts) {
   }
 }
 
-// The auto choice for small batches of the block-FP8 models (docs/PERFORMANCE.md, runs 8, 11
-// and 12): one token with an intermediate of at most 512 on the single-kernel path where it can
-// run (sm_90); from 2 tokens, or one token with a larger intermediate, the grouped path where it
-// can run (sm_90, B128 scheme); else the stream path.
+// The auto choice for small batches of the block-FP8 models (docs/PERFORMANCE.md, runs 8, 11-13):
+// the single-kernel path where it can run (sm_90) for one token, and for up to 4 tokens while
+// M * I <= 1536; otherwise from 2 tokens, or one token with an intermediate above 512, the grouped
+// path where it can run (sm_90, B128 scheme); else the stream path.
 TEST(CudaStreamPath, AutoChoosesSingleStreamOrGroupedForSmallBatches) {
   SKIP_WITHOUT_GPU();
   struct Point {
     int64_t M, I;
   };
-  for (const Point pt : {Point{1, 256}, Point{1, 640}, Point{2, 256}, Point{4, 256}, Point{8, 256},
-                         Point{32, 256}}) {
+  for (const Point pt : {Point{1, 256}, Point{1, 640}, Point{2, 256}, Point{2, 768}, Point{4, 384},
+                         Point{3, 640}, Point{5, 256}, Point{8, 256}, Point{32, 256}}) {
     const MoeTestProblem p = testing::make_problem(base_stat(pt.M, 16, 512, pt.I, 4, 3));
     MoeTestProblem d = p.to(Device::cuda());
     const bool grouped =
         (pt.M >= 2 || pt.I > 512) && cuda::path_limit(Path::kGrouped, d.args()).empty();
-    const bool single =
-        pt.M == 1 && pt.I <= 512 && cuda::path_limit(Path::kSingle, d.args()).empty();
+    const bool single = (pt.M == 1 || (pt.M <= 4 && pt.M * pt.I <= 1536)) &&
+                        cuda::path_limit(Path::kSingle, d.args()).empty();
     const Path want = single ? Path::kSingle : (grouped ? Path::kGrouped : Path::kStream);
     EXPECT_EQ(cuda::choose_path(d.args()), want) << "M=" << pt.M << " I=" << pt.I;
     // the tools' explanation names the same path and the rule that chose it

@@ -73,21 +73,28 @@ Path path_override() {
 }
 
 namespace {
-// One token: the single path up to this intermediate size, above it the grouped path (run 12: the
-// single kernel wins at I = 256 and 384 by 6-21%, loses at I = 768 and 1024 by 7-26%).
-constexpr int64_t kSingleTokenMaxI = 512;
+// The single path for one token (any intermediate it takes) and for up to four tokens while
+// M * I <= 1536 (docs/PERFORMANCE.md run 13, GEMM1 on wgmma: ahead of the grouped path at M = 1 on
+// every shape, DeepSeek-V3 TP2 70.9 vs 72.0 us; at M = 2-4 with I = 256 / 384 by 3-17%; Qwen3-30B
+// (I = 768) at M = 2 by 4%, tied at M = 3, behind at M = 4; DeepSeek-V3 TP2 (I = 1024) behind from
+// M = 2 by 5-11%).
+constexpr int64_t kSingleMaxM = 4;
+constexpr int64_t kSingleMaxMI = 1536;
+bool single_path_preferred(const MoeProblem& p) {
+  return p.M == 1 || (p.M <= kSingleMaxM && p.M * p.I <= kSingleMaxMI);
+}
 // The grouped path: the cuda_grouped implementation's own limits (B128 scheme, bf16, gated, H and
 // I multiples of 128) and its device (capability 9.0 with this binary's sm_90a code).
 std::string grouped_path_limit(const MoeProblem& p) {
   if (!grouped_impl().available()) return "the grouped GEMMs run on sm_90 (wgmma + TMA) only";
   return grouped_problem_limit(p);
 }
-// Measured on the H200 (docs/PERFORMANCE.md, runs 8 and 12): the grouped path beats the stream
+// Measured on the H200 (docs/PERFORMANCE.md, runs 8, 12 and 13): the grouped path beats the stream
 // path at M >= 8 on every models.md shape it takes (equal to 2.45x) and the wgmma path at every
 // M >= 128 (1.8-4.9x); since the block routing (run 9) it also wins at M = 2-6 on every block-FP8
-// shape (equal to 1.5x; the single path is 10% ahead on Qwen3-Next at M = 2 only) and at M = 1
-// where the intermediate is large (DeepSeek-V3 TP2 72 vs 90 us, Qwen3-30B 34 vs 36-40).
-bool grouped_path_preferred(const MoeProblem& p) { return p.M >= 2 || p.I > kSingleTokenMaxI; }
+// shape the single path does not take (above), and for one token with a large intermediate (run
+// 12: DeepSeek-V3 TP2 72 vs 90 us on the stream path; where the single path declines, e.g. I > 1024).
+bool grouped_path_preferred(const MoeProblem& p) { return p.M >= 2 || p.I > 512; }
 }  // namespace
 
 std::string path_limit(Path p, const FusedMoeArgs& args) {
@@ -146,11 +153,14 @@ Path choose(const MoeProblem& p, std::string* why = nullptr) {
       return t;
     }
   }
-  // Measured on the H200 (docs/PERFORMANCE.md, runs 11 and 12): for one token with an
-  // intermediate of at most 512 the single-kernel path is the fastest (DeepSeek-V3 TP8, Qwen3-235B,
-  // Qwen3-Next, MiniMax-M2); from 2 tokens, or with a larger intermediate, the grouped path.
-  if (p.M == 1 && p.I <= kSingleTokenMaxI && single_path_limit(p).empty()) {
-    if (why) *why = "auto: one token, intermediate <= 512 and the single-kernel path takes it";
+  // Measured on the H200 (docs/PERFORMANCE.md, runs 11-13): the single-kernel path for one token
+  // and for small batches with a small intermediate; from 2 tokens otherwise the grouped path.
+  if (single_path_preferred(p) && single_path_limit(p).empty()) {
+    if (why)
+      *why = p.M == 1 ? std::string("auto: one token and the single-kernel path takes it")
+                      : fmt::format("auto: M = {} <= 4, M * I = {} <= 1536 and the single-kernel "
+                                    "path takes it",
+                                    p.M, p.M * p.I);
     return Path::kSingle;
   }
   const std::string grouped_why = grouped_path_limit(p);
