@@ -78,6 +78,61 @@ __device__ __forceinline__ int route_count_above(const uint64_t* keys, int n, ui
   return c;
 }
 
+// An expert's score: softmax from v = expf(logit - max) and denom (the sum of those), the others
+// from v = the logit. Not finite -> 0, except for the raw logits.
+__device__ __forceinline__ float route_score(RouteScore sk, float v, float denom) {
+  float s;
+  if (sk == RouteScore::kSoftmax) {
+    s = v / denom;
+  } else if (sk == RouteScore::kSigmoid) {
+    s = 1.0f / (1.0f + expf(-v));
+  } else if (sk == RouteScore::kSqrtSoftplus) {
+    s = sqrtf(v > 20.0f ? v : log1pf(expf(v)));
+  } else {
+    s = v;
+  }
+  if (sk != RouteScore::kLogits && !isfinite(s)) s = 0.0f;
+  return s;
+}
+
+// Step 4 of the routine, called by all 32 lanes of one warp. Lane j < topk holds slot j: the
+// expert my_id, its score my_s and its logit my_logit (lanes >= topk: anything, unused). The
+// weight (the score, the softmax over the selected logits, the logit or its sigmoid), the optional
+// renormalisation (summed in slot order) and the routed scaling factor; lane j < topk writes
+// out_ids[j] and out_w[j].
+__device__ inline void route_finish(const RoutingParams& rp, int topk, int lane, int32_t my_id,
+                                    float my_s, float my_logit, int32_t* out_ids, float* out_w) {
+  float my_w = my_s;
+  const RouteWeight wk = static_cast<RouteWeight>(rp.weight);
+  if (wk == RouteWeight::kSoftmaxSelected) {
+    float mx = -INFINITY;
+    for (int j = 0; j < topk; ++j) mx = fmaxf(mx, __shfl_sync(0xffffffffu, my_logit, j));
+    const float ex = expf(my_logit - mx);
+    float sum = 0.0f;
+    for (int j = 0; j < topk; ++j) sum += __shfl_sync(0xffffffffu, ex, j);
+    my_w = ex / sum;
+    if (!isfinite(my_w)) my_w = 0.0f;
+  } else if (wk == RouteWeight::kLogit) {
+    my_w = isfinite(my_logit) ? my_logit : 0.0f;
+  } else if (wk == RouteWeight::kSigmoidLogit) {
+    my_w = 1.0f / (1.0f + expf(-my_logit));
+    if (!isfinite(my_w)) my_w = 0.0f;
+  }
+  if (rp.renorm != static_cast<int>(RouteRenorm::kNone)) {
+    float sum = 0.0f;
+    for (int j = 0; j < topk; ++j) sum += __shfl_sync(0xffffffffu, my_w, j);
+    float d =
+        rp.renorm == static_cast<int>(RouteRenorm::kMaxSumEps) ? fmaxf(sum, rp.eps) : sum + rp.eps;
+    if (!(d > 0.0f)) d = 1.0f;
+    my_w = my_w / d;
+  }
+  if (rp.apply_rsf && rp.routed_scaling_factor != 1.0f) my_w *= rp.routed_scaling_factor;
+  if (lane < topk) {
+    out_ids[lane] = my_id;
+    out_w[lane] = my_w;
+  }
+}
+
 // The calling block (blockDim.x a multiple of 32, at least E / kOwn threads; every thread calls)
 // routes token t.
 // `smem`: route_smem_bytes(E) bytes, 16-byte aligned. Lane j < topk of warp 0 writes slot j to
@@ -127,18 +182,7 @@ __device__ inline void route_token_block(const RoutingParams& rp, int t, int E, 
     denom = *s_sum;
   }
   for (int e = tid; e < E; e += nt) {
-    float s;
-    if (sk == RouteScore::kSoftmax) {
-      s = s_score[e] / denom;
-    } else if (sk == RouteScore::kSigmoid) {
-      s = 1.0f / (1.0f + expf(-logit(e)));
-    } else if (sk == RouteScore::kSqrtSoftplus) {
-      const float l = logit(e);
-      s = sqrtf(l > 20.0f ? l : log1pf(expf(l)));
-    } else {
-      s = logit(e);
-    }
-    if (sk != RouteScore::kLogits && !isfinite(s)) s = 0.0f;
+    const float s = route_score(sk, sk == RouteScore::kSoftmax ? s_score[e] : logit(e), denom);
     s_score[e] = s;
     s_key[e] = route_order(rp.bias ? s + route_load(rp.bias, rp.bias_bf16, e) : s, e);
   }
@@ -233,43 +277,16 @@ __device__ inline void route_token_block(const RoutingParams& rp, int t, int E, 
   }
   __syncthreads();
 
-  // 4. weights (warp 0, lane j = slot j; sums in slot order)
+  // 4. weights (warp 0, lane j = slot j)
   if (warp == 0) {
     int32_t my_id = -1;
-    float my_w = 0.0f, my_logit = 0.0f;
+    float my_s = 0.0f, my_logit = 0.0f;
     if (lane < topk) {
       my_id = s_sel_id[lane];
-      my_w = s_sel_s[lane];
+      my_s = s_sel_s[lane];
       my_logit = s_sel_l[lane];
     }
-    const RouteWeight wk = static_cast<RouteWeight>(rp.weight);
-    if (wk == RouteWeight::kSoftmaxSelected) {
-      float mx = -INFINITY;
-      for (int j = 0; j < topk; ++j) mx = fmaxf(mx, __shfl_sync(0xffffffffu, my_logit, j));
-      const float ex = expf(my_logit - mx);
-      float sum = 0.0f;
-      for (int j = 0; j < topk; ++j) sum += __shfl_sync(0xffffffffu, ex, j);
-      my_w = ex / sum;
-      if (!isfinite(my_w)) my_w = 0.0f;
-    } else if (wk == RouteWeight::kLogit) {
-      my_w = isfinite(my_logit) ? my_logit : 0.0f;
-    } else if (wk == RouteWeight::kSigmoidLogit) {
-      my_w = 1.0f / (1.0f + expf(-my_logit));
-      if (!isfinite(my_w)) my_w = 0.0f;
-    }
-    if (rp.renorm != static_cast<int>(RouteRenorm::kNone)) {
-      float sum = 0.0f;
-      for (int j = 0; j < topk; ++j) sum += __shfl_sync(0xffffffffu, my_w, j);
-      float d = rp.renorm == static_cast<int>(RouteRenorm::kMaxSumEps) ? fmaxf(sum, rp.eps)
-                                                                       : sum + rp.eps;
-      if (!(d > 0.0f)) d = 1.0f;
-      my_w = my_w / d;
-    }
-    if (rp.apply_rsf && rp.routed_scaling_factor != 1.0f) my_w *= rp.routed_scaling_factor;
-    if (lane < topk) {
-      out_ids[lane] = my_id;
-      out_w[lane] = my_w;
-    }
+    route_finish(rp, topk, lane, my_id, my_s, my_logit, out_ids, out_w);
   }
   __syncthreads();
 }
