@@ -1,8 +1,9 @@
-// The device routing kernel (smxx_moe_routing.cuh, one block per token, rank counting) against the
-// reference routing (numerics/routing.cpp) for every method the forward routes on the GPU: the
-// same experts in the same slots, weights within a few float ulps (the device's expf and its
-// softmax summation order differ from the host's), on random logits and on rows built to test the
-// rules (exact ties go to the lower index, NaN / inf logits, all-equal rows, bf16 inputs).
+// The device routing kernels (smxx_moe_routing.cuh: one block per token, rank counting; one warp
+// per token, E <= 512) against the reference routing (numerics/routing.cpp) for every method the
+// forward routes on the GPU: the same experts in the same slots, weights within a few float ulps
+// (the device's expf and its softmax summation order differ from the host's), on random logits and
+// on rows built to test the rules (exact ties go to the lower index, NaN / inf logits, all-equal
+// rows, bf16 inputs). The warp routine's results are also the block routine's bit for bit.
 #include <cuda_runtime_api.h>
 #include <gtest/gtest.h>
 
@@ -51,6 +52,10 @@ std::vector<RouteCase> cases() {
       {"deepseekv3_e64_g32", 64, 4, R::kDeepSeekV3, 32, 3, true, "sigmoid", true, 1.5},
       {"deepseekv4_e384", 384, 6, R::kDeepseekV4, 0, 0, true, "sqrtsoftplus", true, 1.5},
       {"grouped_softmax_nobias_e160", 160, 6, R::kUnspecified, 8, 3, false, "softmax", true, 1.0},
+      // groups of 48: a group's experts over parts of two or three rows of 32
+      {"deepseekv3_e384_g8", 384, 8, R::kDeepSeekV3, 8, 3, true, "sigmoid", true, 2.5},
+      {"grouped_softmax_nobias_e480_g10", 480, 8, R::kUnspecified, 10, 4, false, "softmax", true,
+       1.0},
       {"bias_softmax_e1024", 1024, 8, R::kUnspecified, 0, 0, true, "softmax", false, 1.0},
   };
 }
@@ -88,7 +93,14 @@ float from_bf16_bits(uint16_t b) {
   return f;
 }
 
-void run_case(const RouteCase& c, bool bf16) {
+struct DeviceRoute {
+  std::vector<int32_t> ids;
+  std::vector<float> w;
+};
+
+// Routes the case's rows on the device (one block per token, or one warp per token) and checks
+// them against the reference; returns the device's ids and weights.
+DeviceRoute run_case(const RouteCase& c, bool bf16, bool one_warp_per_token) {
   const int M = 70;
   const int E = c.E;
   std::vector<float> logits = make_logits(M, E, 1234u + static_cast<uint32_t>(E));
@@ -135,37 +147,76 @@ void run_case(const RouteCase& c, bool bf16) {
   RoutingConfig dcfg = cfg;
   if (c.bias) dcfg.e_score_correction_bias = bd.view();
   cuda::device_route(ld.view(), dcfg, static_cast<int32_t*>(ids_d.data()),
-                     static_cast<float*>(w_d.data()));
+                     static_cast<float*>(w_d.data()), one_warp_per_token);
   const Tensor ids = ids_d.to(Device::cpu());
   const Tensor w = w_d.to(Device::cpu());
   const auto* ri = static_cast<const int32_t*>(ref.topk_ids.data());
   const auto* rw = static_cast<const float*>(ref.topk_weights.data());
   const auto* di = static_cast<const int32_t*>(ids.data());
   const auto* dw = static_cast<const float*>(w.data());
+  const std::string what =
+      c.name + (bf16 ? " bf16" : " f32") + (one_warp_per_token ? " (one warp per token)" : "");
   int bad_ids = 0, bad_w = 0;
   for (int t = 0; t < M; ++t) {
     for (int j = 0; j < c.topk; ++j) {
       const size_t i = static_cast<size_t>(t) * c.topk + j;
       if (ri[i] != di[i] && ++bad_ids <= 5)
-        ADD_FAILURE() << c.name << (bf16 ? " bf16" : " f32") << " token " << t << " slot " << j
-                      << ": device expert " << di[i] << ", reference " << ri[i];
+        ADD_FAILURE() << what << " token " << t << " slot " << j << ": device expert " << di[i]
+                      << ", reference " << ri[i];
       const float tol = 1e-5f * std::max(1.0f, std::fabs(rw[i]));
       if (!(std::fabs(rw[i] - dw[i]) <= tol) && ++bad_w <= 5)
-        ADD_FAILURE() << c.name << (bf16 ? " bf16" : " f32") << " token " << t << " slot " << j
-                      << ": device weight " << dw[i] << ", reference " << rw[i];
+        ADD_FAILURE() << what << " token " << t << " slot " << j << ": device weight " << dw[i]
+                      << ", reference " << rw[i];
     }
   }
-  EXPECT_EQ(bad_ids, 0) << c.name;
-  EXPECT_EQ(bad_w, 0) << c.name;
+  EXPECT_EQ(bad_ids, 0) << what;
+  EXPECT_EQ(bad_w, 0) << what;
+  const size_t n = static_cast<size_t>(M) * c.topk;
+  return {std::vector<int32_t>(di, di + n), std::vector<float>(dw, dw + n)};
+}
+
+uint32_t float_bits(float f) {
+  uint32_t u;
+  std::memcpy(&u, &f, 4);
+  return u;
 }
 
 TEST(CudaRouting, MatchesTheReferenceForEveryMethod) {
   SKIP_WITHOUT_GPU();
   for (const RouteCase& c : cases()) {
     SCOPED_TRACE(c.name);
-    run_case(c, false);
-    run_case(c, true);
+    run_case(c, false, false);
+    run_case(c, true, false);
   }
+}
+
+// route_token_warp (the single-kernel path's routine) against the reference, and bit for bit
+// against route_token_block: the same ids and the same float weights.
+TEST(CudaRouting, OneWarpPerTokenMatchesTheReference) {
+  SKIP_WITHOUT_GPU();
+  int ran = 0;
+  for (const RouteCase& c : cases()) {
+    if (c.E > 512) continue;  // kRouteWarpMaxExperts
+    SCOPED_TRACE(c.name);
+    for (const bool bf16 : {false, true}) {
+      const DeviceRoute warp = run_case(c, bf16, true);
+      const DeviceRoute block = run_case(c, bf16, false);
+      ASSERT_EQ(warp.ids.size(), block.ids.size());
+      int bad = 0;
+      for (size_t i = 0; i < warp.ids.size(); ++i) {
+        if ((warp.ids[i] != block.ids[i] || float_bits(warp.w[i]) != float_bits(block.w[i])) &&
+            ++bad <= 5)
+          ADD_FAILURE() << c.name << (bf16 ? " bf16" : " f32") << " token " << i / c.topk
+                        << " slot " << i % c.topk << ": warp (" << warp.ids[i] << ", " << warp.w[i]
+                        << " = 0x" << std::hex << float_bits(warp.w[i]) << std::dec << "), block ("
+                        << block.ids[i] << ", " << block.w[i] << " = 0x" << std::hex
+                        << float_bits(block.w[i]) << std::dec << ")";
+      }
+      EXPECT_EQ(bad, 0) << c.name << (bf16 ? " bf16" : " f32");
+      ++ran;
+    }
+  }
+  EXPECT_GT(ran, 0);
 }
 
 TEST(CudaRouting, RejectsWhatTheForwardRejects) {
@@ -183,6 +234,20 @@ TEST(CudaRouting, RejectsWhatTheForwardRejects) {
   EXPECT_THROW(cuda::device_route(l2.view(), cfg, static_cast<int32_t*>(ids.data()),
                                   static_cast<float*>(w.data())),
                ValueError);
+  // one warp per token: at most 512 experts (the block routine takes 640)
+  Tensor l3 = Tensor::zeros({2, 640}, DType::kF32, Device::cuda());
+  cfg.topk = 8;
+  try {
+    cuda::device_route(l3.view(), cfg, static_cast<int32_t*>(ids.data()),
+                       static_cast<float*>(w.data()), true);
+    ADD_FAILURE() << "one warp per token took E = 640";
+  } catch (const NotImplementedError& e) {
+    const std::string msg = e.what();
+    EXPECT_NE(msg.find("640"), std::string::npos) << msg;
+    EXPECT_NE(msg.find("512"), std::string::npos) << msg;
+  }
+  EXPECT_NO_THROW(cuda::device_route(l3.view(), cfg, static_cast<int32_t*>(ids.data()),
+                                     static_cast<float*>(w.data())));
 }
 
 }  // namespace

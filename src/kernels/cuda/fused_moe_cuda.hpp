@@ -71,10 +71,13 @@ std::size_t batched_workspace_size(const FusedMoeArgs& args, const BatchedExpert
 void run_batched_experts(const FusedMoeArgs& args, const BatchedExpertsArgs& b, void* workspace);
 
 // Test hook: routes every row of `logits` (M, E) f32/bf16 on the GPU with `cfg` (its
-// e_score_correction_bias on the GPU too) by the forward's routing kernel; `ids` (i32) and
-// `weights` (f32) are GPU buffers of M x cfg.topk. Throws ValueError / NotImplementedError for what
-// the forward rejects. Synchronous.
-void device_route(const TensorView& logits, const RoutingConfig& cfg, int32_t* ids, float* weights);
+// e_score_correction_bias on the GPU too) by the forward's routing kernel (one block per token),
+// or with one_warp_per_token by route_token_warp (one warp per token, E <= 512: the routine the
+// single-kernel path is to use; NotImplementedError above); `ids` (i32) and `weights` (f32) are GPU
+// buffers of M x cfg.topk. Throws ValueError / NotImplementedError for what the forward rejects.
+// Synchronous.
+void device_route(const TensorView& logits, const RoutingConfig& cfg, int32_t* ids, float* weights,
+                  bool one_warp_per_token = false);
 
 // Test hook: on the device, decodes all 256 e4m3fn codes with cuda_fp8.h (decoded256), and for
 // each of the n inputs encodes to e4m3fn (saturating) with cuda_fp8.h and with the kernels' own

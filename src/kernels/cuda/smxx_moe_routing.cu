@@ -1,6 +1,9 @@
-// The routing kernel (one block per token over smxx_moe_routing.cuh's route_token_block), its
-// launcher and its test hook.
+// The routing kernels (one block per token over smxx_moe_routing.cuh's route_token_block; one warp
+// per token over route_token_warp), the launcher of the first and the test hook of both.
+#include <string>
+
 #include "cuda_check.hpp"
+#include "fp8moe/error.hpp"
 #include "fused_moe_cuda.hpp"
 #include "moe_launchers.hpp"
 #include "moe_problem.hpp"
@@ -28,6 +31,28 @@ __global__ void __launch_bounds__(1024)
                        topk_w + int64_t(t) * topk);
 }
 
+// One warp per token (E <= kRouteWarpMaxExperts), kRouteWarpTokens tokens per block.
+constexpr int kRouteWarpTokens = 4;
+
+__global__ void __launch_bounds__(kRouteWarpTokens * 32)
+    moe_route_warp_kernel(RoutingParams rp, int M, int E, int topk, int32_t* topk_ids,
+                          float* topk_w) {
+  __shared__ RouteWarpScratch scratch[kRouteWarpTokens];
+  const int warp = static_cast<int>(threadIdx.x >> 5);
+  const int t = static_cast<int>(blockIdx.x) * kRouteWarpTokens + warp;
+  if (t >= M) return;  // the whole warp
+  route_token_warp(rp, t, E, topk, &scratch[warp], topk_ids + int64_t(t) * topk,
+                   topk_w + int64_t(t) * topk);
+}
+
+void launch_route_warp(const RoutingParams& rp, int M, int E, int topk, int32_t* ids, float* w,
+                       cudaStream_t stream) {
+  if (M == 0) return;
+  const unsigned blocks = static_cast<unsigned>((M + kRouteWarpTokens - 1) / kRouteWarpTokens);
+  moe_route_warp_kernel<<<blocks, kRouteWarpTokens * 32, 0, stream>>>(rp, M, E, topk, ids, w);
+  FP8MOE_CUDA_CHECK_LAUNCH();
+}
+
 }  // namespace
 
 void launch_route(const RoutingParams& rp, int M, int E, int topk, int32_t* ids, float* w,
@@ -38,11 +63,20 @@ void launch_route(const RoutingParams& rp, int M, int E, int topk, int32_t* ids,
   FP8MOE_CUDA_CHECK_LAUNCH();
 }
 
-void device_route(const TensorView& logits, const RoutingConfig& cfg, int32_t* ids, float* w) {
+void device_route(const TensorView& logits, const RoutingConfig& cfg, int32_t* ids, float* w,
+                  bool one_warp_per_token) {
   const RoutingParams rp = routing_params(logits, cfg);
   if (!logits.device.is_cuda()) throw ValueError("device_route: logits must be on the GPU");
-  launch_route(rp, static_cast<int>(logits.size(0)), static_cast<int>(logits.size(1)), cfg.topk,
-               ids, w, nullptr);
+  const int M = static_cast<int>(logits.size(0)), E = static_cast<int>(logits.size(1));
+  if (one_warp_per_token) {
+    if (E > kRouteWarpMaxExperts)
+      throw NotImplementedError("device_route: one warp per token routes at most " +
+                                std::to_string(kRouteWarpMaxExperts) +
+                                " experts, got E = " + std::to_string(E));
+    launch_route_warp(rp, M, E, cfg.topk, ids, w, nullptr);
+  } else {
+    launch_route(rp, M, E, cfg.topk, ids, w, nullptr);
+  }
   FP8MOE_CUDA_CHECK(cudaDeviceSynchronize());
 }
 

@@ -1,7 +1,8 @@
-// Routing on the device (spec/numerics.md §1), one thread block per token, with the semantics of
-// numerics/routing.cpp (the reference): scores in fp32 (softmax, sigmoid or sqrt(softplus); scores
-// that are not finite become 0), selection on score + correction bias or on the raw logits, best
-// key first with ties to the lower index (NaN keys rank lowest), optional grouped top-k
+// Routing on the device (spec/numerics.md §1), one thread block per token (route_token_block) or
+// one warp per token (route_token_warp, E <= 512, the same results bit for bit), with the semantics
+// of numerics/routing.cpp (the reference): scores in fp32 (softmax, sigmoid or sqrt(softplus);
+// scores that are not finite become 0), selection on score + correction bias or on the raw logits,
+// best key first with ties to the lower index (NaN keys rank lowest), optional grouped top-k
 // (DeepSeek-V2/V3: groups ranked by the sum of their two best keys, or their best score), then the
 // weights, an optional renormalisation summed in slot order, and the routed scaling factor.
 // Works for E_global <= 1024, topk <= 32, num_expert_group <= 32.
@@ -15,6 +16,18 @@
 // work near E * topk instead of E^2, each expert first counts inside its chunk of 32, and only
 // the topk best of every chunk (the candidates) count among the candidates (step 3 says why that
 // is exact).
+//
+// Why a warp routine as well: the single-kernel decode path (sm90_fp8_moe_single.cuh) routes with
+// the whole block of one CTA per token while the other CTAs wait for it (measured on the H200: 6-8
+// us for one token with the block routine inside the single kernel). With route_token_warp every
+// CTA can route the token(s) it needs in one warp, in parallel with the x quantisation, and needs
+// no block barrier and only a small per-warp scratch (RouteWarpScratch). Its lane l keeps the keys
+// of experts l, l + 32, ... in registers; groups take their best two orders with redux.sync and
+// shared-memory atomicMax, and top-k is topk rounds of a warp-wide maximum (redux.sync), each
+// taking the next largest order. It does the block routine's float operations in the same order
+// (the shared route_score and route_finish, the softmax denominator summed the same way), so the
+// ids and weights are the same bits; the selection is on the same 64-bit orders. Not yet timed on
+// the card (its cost next to the 28 us of the earlier one-warp routine above is still to measure).
 #pragma once
 
 #include "cuda_common.cuh"
@@ -78,6 +91,69 @@ __device__ __forceinline__ int route_count_above(const uint64_t* keys, int n, ui
   return c;
 }
 
+// An expert's score: softmax from v = expf(logit - max) and denom (the sum of those), the others
+// from v = the logit. Not finite -> 0, except for the raw logits.
+__device__ __forceinline__ float route_score(RouteScore sk, float v, float denom) {
+  float s;
+  if (sk == RouteScore::kSoftmax) {
+    s = v / denom;
+  } else if (sk == RouteScore::kSigmoid) {
+    s = 1.0f / (1.0f + expf(-v));
+  } else if (sk == RouteScore::kSqrtSoftplus) {
+    s = sqrtf(v > 20.0f ? v : log1pf(expf(v)));
+  } else {
+    s = v;
+  }
+  if (sk != RouteScore::kLogits && !isfinite(s)) s = 0.0f;
+  return s;
+}
+
+// The key of a selection order (route_order) as a float again: == the key it came from (-0 comes
+// back as +0), NaN for a NaN key. Only ==, > and isnan of it (and of sums of two) are used, so the
+// lost zero sign (and NaN payload) change nothing.
+__device__ __forceinline__ float route_order_key(uint64_t o) {
+  const uint32_t u = static_cast<uint32_t>(o >> 32);
+  return __uint_as_float((u & 0x80000000u) ? (u & 0x7fffffffu) : ~u);  // u == 0: 0xffffffff, NaN
+}
+
+// Step 4 of both routines, called by all 32 lanes of one warp. Lane j < topk holds slot j: the
+// expert my_id, its score my_s and its logit my_logit (lanes >= topk: anything, unused). The
+// weight (the score, the softmax over the selected logits, the logit or its sigmoid), the optional
+// renormalisation (summed in slot order) and the routed scaling factor; lane j < topk writes
+// out_ids[j] and out_w[j].
+__device__ inline void route_finish(const RoutingParams& rp, int topk, int lane, int32_t my_id,
+                                    float my_s, float my_logit, int32_t* out_ids, float* out_w) {
+  float my_w = my_s;
+  const RouteWeight wk = static_cast<RouteWeight>(rp.weight);
+  if (wk == RouteWeight::kSoftmaxSelected) {
+    float mx = -INFINITY;
+    for (int j = 0; j < topk; ++j) mx = fmaxf(mx, __shfl_sync(0xffffffffu, my_logit, j));
+    const float ex = expf(my_logit - mx);
+    float sum = 0.0f;
+    for (int j = 0; j < topk; ++j) sum += __shfl_sync(0xffffffffu, ex, j);
+    my_w = ex / sum;
+    if (!isfinite(my_w)) my_w = 0.0f;
+  } else if (wk == RouteWeight::kLogit) {
+    my_w = isfinite(my_logit) ? my_logit : 0.0f;
+  } else if (wk == RouteWeight::kSigmoidLogit) {
+    my_w = 1.0f / (1.0f + expf(-my_logit));
+    if (!isfinite(my_w)) my_w = 0.0f;
+  }
+  if (rp.renorm != static_cast<int>(RouteRenorm::kNone)) {
+    float sum = 0.0f;
+    for (int j = 0; j < topk; ++j) sum += __shfl_sync(0xffffffffu, my_w, j);
+    float d =
+        rp.renorm == static_cast<int>(RouteRenorm::kMaxSumEps) ? fmaxf(sum, rp.eps) : sum + rp.eps;
+    if (!(d > 0.0f)) d = 1.0f;
+    my_w = my_w / d;
+  }
+  if (rp.apply_rsf && rp.routed_scaling_factor != 1.0f) my_w *= rp.routed_scaling_factor;
+  if (lane < topk) {
+    out_ids[lane] = my_id;
+    out_w[lane] = my_w;
+  }
+}
+
 // The calling block (blockDim.x a multiple of 32, at least E / kOwn threads; every thread calls)
 // routes token t.
 // `smem`: route_smem_bytes(E) bytes, 16-byte aligned. Lane j < topk of warp 0 writes slot j to
@@ -127,18 +203,7 @@ __device__ inline void route_token_block(const RoutingParams& rp, int t, int E, 
     denom = *s_sum;
   }
   for (int e = tid; e < E; e += nt) {
-    float s;
-    if (sk == RouteScore::kSoftmax) {
-      s = s_score[e] / denom;
-    } else if (sk == RouteScore::kSigmoid) {
-      s = 1.0f / (1.0f + expf(-logit(e)));
-    } else if (sk == RouteScore::kSqrtSoftplus) {
-      const float l = logit(e);
-      s = sqrtf(l > 20.0f ? l : log1pf(expf(l)));
-    } else {
-      s = logit(e);
-    }
-    if (sk != RouteScore::kLogits && !isfinite(s)) s = 0.0f;
+    const float s = route_score(sk, sk == RouteScore::kSoftmax ? s_score[e] : logit(e), denom);
     s_score[e] = s;
     s_key[e] = route_order(rp.bias ? s + route_load(rp.bias, rp.bias_bf16, e) : s, e);
   }
@@ -233,45 +298,193 @@ __device__ inline void route_token_block(const RoutingParams& rp, int t, int E, 
   }
   __syncthreads();
 
-  // 4. weights (warp 0, lane j = slot j; sums in slot order)
+  // 4. weights (warp 0, lane j = slot j)
   if (warp == 0) {
     int32_t my_id = -1;
-    float my_w = 0.0f, my_logit = 0.0f;
+    float my_s = 0.0f, my_logit = 0.0f;
     if (lane < topk) {
       my_id = s_sel_id[lane];
-      my_w = s_sel_s[lane];
+      my_s = s_sel_s[lane];
       my_logit = s_sel_l[lane];
     }
-    const RouteWeight wk = static_cast<RouteWeight>(rp.weight);
-    if (wk == RouteWeight::kSoftmaxSelected) {
-      float mx = -INFINITY;
-      for (int j = 0; j < topk; ++j) mx = fmaxf(mx, __shfl_sync(0xffffffffu, my_logit, j));
-      const float ex = expf(my_logit - mx);
-      float sum = 0.0f;
-      for (int j = 0; j < topk; ++j) sum += __shfl_sync(0xffffffffu, ex, j);
-      my_w = ex / sum;
-      if (!isfinite(my_w)) my_w = 0.0f;
-    } else if (wk == RouteWeight::kLogit) {
-      my_w = isfinite(my_logit) ? my_logit : 0.0f;
-    } else if (wk == RouteWeight::kSigmoidLogit) {
-      my_w = 1.0f / (1.0f + expf(-my_logit));
-      if (!isfinite(my_w)) my_w = 0.0f;
-    }
-    if (rp.renorm != static_cast<int>(RouteRenorm::kNone)) {
-      float sum = 0.0f;
-      for (int j = 0; j < topk; ++j) sum += __shfl_sync(0xffffffffu, my_w, j);
-      float d = rp.renorm == static_cast<int>(RouteRenorm::kMaxSumEps) ? fmaxf(sum, rp.eps)
-                                                                       : sum + rp.eps;
-      if (!(d > 0.0f)) d = 1.0f;
-      my_w = my_w / d;
-    }
-    if (rp.apply_rsf && rp.routed_scaling_factor != 1.0f) my_w *= rp.routed_scaling_factor;
-    if (lane < topk) {
-      out_ids[lane] = my_id;
-      out_w[lane] = my_w;
-    }
+    route_finish(rp, topk, lane, my_id, my_s, my_logit, out_ids, out_w);
   }
   __syncthreads();
+}
+
+constexpr int kRouteWarpMaxExperts = 512;
+
+// route_token_warp's scratch in shared memory, one per routing warp: per group, the best and the
+// second best selection order (route_order; 0: none).
+struct RouteWarpScratch {
+  unsigned long long best[32];
+  unsigned long long second[32];
+};
+
+// The largest of 16 values (a tree of depth 4 instead of a chain of 15).
+__device__ __forceinline__ uint64_t route_max16(const uint64_t (&k)[16]) {
+  uint64_t m[8];
+#pragma unroll
+  for (int i = 0; i < 8; ++i) m[i] = k[i] > k[i + 8] ? k[i] : k[i + 8];
+#pragma unroll
+  for (int i = 0; i < 4; ++i) m[i] = m[i] > m[i + 4] ? m[i] : m[i + 4];
+#pragma unroll
+  for (int i = 0; i < 2; ++i) m[i] = m[i] > m[i + 2] ? m[i] : m[i + 2];
+  return m[0] > m[1] ? m[0] : m[1];
+}
+
+// The largest of v over the lanes of `mask` (every lane of it calls; sm_80+): the high halves
+// first, then the low halves of the lanes holding the largest high half.
+__device__ __forceinline__ uint64_t route_warp_max(unsigned mask, uint64_t v) {
+  const uint32_t h = static_cast<uint32_t>(v >> 32);
+  const uint32_t bh = __reduce_max_sync(mask, h);
+  const uint32_t bl = __reduce_max_sync(mask, h == bh ? static_cast<uint32_t>(v) : 0u);
+  return (uint64_t(bh) << 32) | bl;
+}
+
+// The calling warp (all 32 lanes, lane = threadIdx.x % 32; no block barrier) routes token t, with
+// route_token_block's results bit for bit. E <= kRouteWarpMaxExperts, topk <= 32,
+// num_expert_group <= 32. Lane l owns experts l, l + 32, ... (their keys stay in registers); `s`:
+// this warp's own scratch, free again when the call returns. Lane j < topk writes slot j to
+// out_ids[j], out_w[j].
+__device__ inline void route_token_warp(const RoutingParams& rp, int t, int E, int topk,
+                                        RouteWarpScratch* s, int32_t* out_ids, float* out_w) {
+  constexpr int kRows = kRouteWarpMaxExperts / 32;  // row i: experts 32 i .. 32 i + 31
+  constexpr unsigned kAll = 0xffffffffu;
+  const int lane = threadIdx.x & 31;
+  const RouteScore sk = static_cast<RouteScore>(rp.score);
+  const bool softmax = sk == RouteScore::kSoftmax;
+  const int64_t row = int64_t(t) * E;
+
+  // 1. scores and selection keys. Softmax: the maximum (fmaxf: its order and the sign of a zero
+  // maximum change no expf(logit - max)), then the denominator summed as route_token_block does
+  // (lane l: experts l, l + 32, ... in order, then warp_sum, lane 0's sum).
+  float v[kRows];
+#pragma unroll
+  for (int i = 0; i < kRows; ++i) {
+    const int e = lane + 32 * i;
+    v[i] = e < E ? route_load(rp.logits, rp.logits_bf16, row + e) : 0.0f;
+  }
+  float mx = -INFINITY, denom = 1.0f;
+  if (softmax) {
+#pragma unroll
+    for (int i = 0; i < kRows; ++i)
+      if (lane + 32 * i < E) mx = fmaxf(mx, v[i]);
+    mx = warp_max(mx);
+    float sum = 0.0f;
+#pragma unroll
+    for (int i = 0; i < kRows; ++i) {
+      if (lane + 32 * i < E) {
+        v[i] = expf(v[i] - mx);
+        sum += v[i];
+      }
+    }
+    denom = __shfl_sync(kAll, warp_sum(sum), 0);
+  }
+  uint64_t key[kRows];  // selection orders, 0: not selectable
+#pragma unroll
+  for (int i = 0; i < kRows; ++i) {
+    const int e = lane + 32 * i;
+    key[i] = 0;
+    if (e < E) {
+      const float sc = route_score(sk, v[i], denom);
+      key[i] = route_order(rp.bias ? sc + route_load(rp.bias, rp.bias_bf16, e) : sc, e);
+    }
+  }
+
+  // 2. grouped top-k, as route_token_block's step 2. Group g = experts [g * per, (g + 1) * per),
+  // per any size. In each row of 32 experts, the lanes of one group take the largest order among
+  // them (two redux.sync: the key bits, then the index bits among the lanes holding the largest
+  // key bits) and, with a bias, the second largest (the same without the largest). The group's
+  // first lane in the row folds them into the scratch: atomicMax(best[g], largest) returns the old
+  // best, and whichever of the two lost (the old best or the row's largest) goes with the row's
+  // second into atomicMax(second[g], ...). So every order of the group but the final best reaches
+  // second[g] or is below one that does: best[g] and second[g] are route_token_block's c == 0 and
+  // c == 1 experts, and route_order_key turns them back into their keys (score + bias).
+  if (rp.grouped) {
+    const int G = rp.num_expert_group, per = E / G, GE = G * per;
+    // e / per as (e * mul) >> 20, mul = ceil(2^20 / per): exact for e < 1024, per <= 1024, since
+    // e * (mul * per - 2^20) < 1024 * per <= 2^20
+    const uint32_t mul =
+        ((1u << 20) + static_cast<uint32_t>(per) - 1u) / static_cast<uint32_t>(per);
+    const bool second = rp.bias != nullptr;  // without a bias only the best counts
+    s->best[lane] = 0;
+    s->second[lane] = 0;
+    __syncwarp();
+#pragma unroll
+    for (int i = 0; i < kRows; ++i) {
+      if (32 * i >= GE) continue;  // warp-uniform
+      const int e = lane + 32 * i;
+      const int g = static_cast<int>((static_cast<uint32_t>(e) * mul) >> 20);
+      if (g >= G) continue;  // past G * per (in no group)
+      const int lo = max(g * per - 32 * i, 0), hi = min((g + 1) * per - 32 * i, 32);
+      const unsigned mask = (hi == 32 ? kAll : (1u << hi) - 1u) & ~((1u << lo) - 1u);
+      const uint64_t b = route_warp_max(mask, key[i]);
+      const uint64_t b2 = second ? route_warp_max(mask, key[i] == b ? 0 : key[i]) : 0;
+      if (lane == lo) {
+        const uint64_t old = atomicMax(&s->best[g], static_cast<unsigned long long>(b));
+        if (second) {
+          const uint64_t lost = old > b ? b : (old > b2 ? old : b2);
+          atomicMax(&s->second[g], static_cast<unsigned long long>(lost));
+        }
+      }
+    }
+    __syncwarp();
+    // lane g < G: the group's score (fmaxf-style without a bias: -inf when its best key is NaN),
+    // then its rank among the groups with route_better, as route_token_block does
+    float mine = 0.0f;
+    if (lane < G) {
+      const float g0 = route_order_key(s->best[lane]);
+      if (rp.bias) {
+        const uint64_t o1 = s->second[lane];
+        mine = g0 + (o1 != 0 ? route_order_key(o1) : 0.0f);
+      } else {
+        mine = isnan(g0) ? -INFINITY : g0;
+      }
+    }
+    __syncwarp();  // the scratch's last reads
+    int c = 0;
+    for (int h = 0; h < G; ++h) {
+      const float o = __shfl_sync(kAll, mine, h);
+      c += h != lane && route_better(o, h, mine, lane);
+    }
+    const unsigned chosen = __ballot_sync(kAll, lane < G && c < rp.topk_group);
+#pragma unroll
+    for (int i = 0; i < kRows; ++i) {
+      const int g = static_cast<int>((static_cast<uint32_t>(lane + 32 * i) * mul) >> 20);
+      if (g >= G || !((chosen >> g) & 1u)) key[i] = 0;  // not selectable
+    }
+  }
+
+  // 3. top-k: round c takes the largest selectable order of the warp into slot c (= the number of
+  // selectable orders above it, route_token_block's slot); its lane drops it and takes its next
+  // best. Slots left without one (fewer selectable experts than topk) keep expert 0, score 0,
+  // logit 0, as route_token_block's do.
+  uint64_t lane_best = route_max16(key);
+  int32_t my_id = lane < topk ? 0 : -1;
+  bool won = false;
+  for (int c = 0; c < topk; ++c) {
+    const uint64_t w = route_warp_max(kAll, lane_best);
+    if (w == 0) break;  // warp-uniform
+    if (lane == c) {
+      my_id = static_cast<int32_t>(0xffffffffu - static_cast<uint32_t>(w));
+      won = true;
+    }
+    if (lane_best == w) {
+#pragma unroll
+      for (int i = 0; i < kRows; ++i)
+        if (key[i] == w) key[i] = 0;
+      lane_best = route_max16(key);
+    }
+  }
+
+  // 4. weights: the winner's score again from its logit (the same operations as in step 1)
+  float my_s = 0.0f, my_logit = 0.0f;
+  if (won) {
+    my_logit = route_load(rp.logits, rp.logits_bf16, row + my_id);
+    my_s = route_score(sk, softmax ? expf(my_logit - mx) : my_logit, denom);
+  }
+  route_finish(rp, topk, lane, my_id, my_s, my_logit, out_ids, out_w);
 }
 
 }  // namespace fp8moe::cuda
