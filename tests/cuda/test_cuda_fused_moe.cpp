@@ -728,6 +728,12 @@ std::vector<ExactCase> single_cases() {
     s.routing_config.method = RoutingMethodType::kRenormalizeNaive;
     add("logits_renormalize_naive", s);
   }
+  {  // more experts than one warp routes: CTA b < M routes token b with the block routine
+    auto s = base_exact(3, 640, 256, 128, 2);
+    s.routing = RoutingPattern::kLogits;
+    s.routing_config.method = RoutingMethodType::kRenormalizeNaive;
+    add("logits_E640_block_routing", s);
+  }
   {
     auto s = base_exact(7, 8, 256, 128, 3);
     s.ep_size = 2;
