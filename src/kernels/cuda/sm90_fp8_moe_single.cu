@@ -37,11 +37,11 @@ const SgDevice& sg_device() {
   return d;
 }
 
-// Both GEMMs on wgmma (FP8MOE_SINGLE_MMA=wgmma, the default) or on mma.sync (=mma; on sm_90 two
-// f16 mma per e4m3 block after converting both operands).
+// GEMM1 on wgmma (FP8MOE_SINGLE_GEMM1=wgmma, the default) or on mma.sync (=mma; on sm_90 two f16
+// mma per e4m3 block after converting both operands).
 bool g1_wgmma() {
   static const bool w = [] {
-    const char* v = std::getenv("FP8MOE_SINGLE_MMA");
+    const char* v = std::getenv("FP8MOE_SINGLE_GEMM1");
     return !(v && std::strcmp(v, "mma") == 0);
   }();
   return w;
@@ -52,18 +52,16 @@ int64_t act_bytes(const MoeProblem& p) {
   // x: mma layout M rows of H + 16 bytes; wgmma layout M x H plus the 128 bytes the last K chunk's
   // unused B rows read
   const int64_t x = p.M * (p.H + 16) + 128 + p.M * (p.H / 128) * 4;
-  const int64_t h = P * (p.I + 16) + 128 + P * (p.I / 128) * 4;
+  const int64_t h = P * (p.I + 16) + P * (p.I / 128) * 4;
   return round_up(std::max(x, h), 16);
 }
 
 // The ring for GEMM1 stages of kc bytes per weight row: stage size and count. mma: 16 rows of kc
-// bytes, then the scale windows; GEMM2: the experts' rows, then kW windows. wgmma: a 4 KB header
-// (the two scale windows), then 32 rows x kc (K-block slabs of 4 KB); GEMM2: a 6 KB header (kW
-// windows), then the experts' 16-row slabs of 2 KB. Multiples of 1024 (the 128-byte swizzle's
-// alignment).
+// bytes, then the scale windows. wgmma: a 4 KB header (the two scale windows), then 32 rows x kc
+// (K-block slabs of 4 KB). Either holds a GEMM2 stage (data, then kW windows). Multiples of 1024
+// (the 128-byte swizzle's alignment).
 int stage_bytes_for(int kc) {
-  const int64_t g2 = g1_wgmma() ? kSgG2Header + sg_data2_bytes(kSgWarps)
-                                : sg_data2_bytes(kSgWarps) + kSgWarps * kSgWinBytes;
+  const int64_t g2 = sg_data2_bytes(kSgWarps) + kSgWarps * kSgWinBytes;
   const int64_t g1 = g1_wgmma() ? 4096 + 32 * kc : 16 * kc + kSgWarps * kSgWinBytes;
   return static_cast<int>(round_up(std::max(g1, g2), 1024));
 }
@@ -159,7 +157,7 @@ void print_trace(const MoeProblem& p, const unsigned long long* dev, int ctas) {
   int khz = 0;
   cudaDeviceGetAttribute(&khz, cudaDevAttrClockRate, 0);
   std::fprintf(stderr,
-               "single trace M=%lld H=%lld I=%lld E=%lld topk=%lld mma=%s kc1=%d stages=%d warps=%d "
+               "single trace M=%lld H=%lld I=%lld E=%lld topk=%lld gemm1=%s kc1=%d stages=%d warps=%d "
                "(%d CTAs), us since the first start: CTA 0 / median / max (waits: median / "
                "max)\n ",
                static_cast<long long>(p.M), static_cast<long long>(p.H),
@@ -264,11 +262,9 @@ void run_single(const MoeProblem& p, void* workspace) {
   const CUtensorMap tm_w1 =
       sp.g1_wgmma ? make_tma_w13_pairs_sw128(p.w1.w, p.H, p.E * 2 * p.I, p.I, sp.kc1 / 128)
                   : make_tma_rows_kblocks_u8(p.w1.w, p.H, p.E * 2 * p.I, sp.kc1 / 128, 8);
-  // GEMM2 weights (wgmma): boxes of 16 rows x I bytes of w2 (E * H rows of I bytes)
-  const CUtensorMap tm_w2 = sp.g1_wgmma ? make_tma_w2_rows_sw128(p.w2.w, p.I, p.E * p.H) : tm_w1;
 
   const int smem = smem_bytes(p);
-  void (*kernel)(SingleParams, CUtensorMap, CUtensorMap) = moe_single_kernel<kSgWarps>;
+  void (*kernel)(SingleParams, CUtensorMap) = moe_single_kernel<kSgWarps>;
   static std::atomic<int> conf{0};
   if (smem > conf.load()) {
     FP8MOE_CUDA_CHECK(
@@ -292,7 +288,7 @@ void run_single(const MoeProblem& p, void* workspace) {
     FP8MOE_CUDA_CHECK(cudaMemsetAsync(
         sp.trace, 0, sizeof(unsigned long long) * kSgTracePoints * cfg.gridDim.x, p.stream));
   }
-  FP8MOE_CUDA_CHECK(cudaLaunchKernelEx(&cfg, kernel, sp, tm_w1, tm_w2));
+  FP8MOE_CUDA_CHECK(cudaLaunchKernelEx(&cfg, kernel, sp, tm_w1));
   if (trace) print_trace(p, sp.trace, static_cast<int>(cfg.gridDim.x));
 }
 

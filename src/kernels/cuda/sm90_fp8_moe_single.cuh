@@ -25,18 +25,16 @@
 //      columns, promotes it with the activation group scale and the weight block scale (both from
 //      shared memory: the producer copies the stage's scale words next to it), and the four
 //      warpgroups' sums are added in order at the end of the unit, where the activation (rounded
-//      like the reference) is applied and h written to global memory. (FP8MOE_SINGLE_MMA=mma:
+//      like the reference) is applied and h written to global memory. (FP8MOE_SINGLE_GEMM1=mma:
 //      units of 8 + 8 rows on mma.sync, each consumer warp one K block per stage; run 13: slower
 //      on every decode point.)
 //   2. Grid barrier (sync[1]); every CTA quantises all of h (1x128 groups) into shared memory.
-//   3. GEMM2 units: 16 rows of w2 for every active expert (a stage holds kW / (I / 128) experts,
-//      one TMA box of 16 rows x I each). wgmma: warpgroup wg takes the stage's experts wg, wg + 4,
-//      ... with all their K blocks (the 16 rows as tile rows 48-63, the expert's pairs as the B
-//      columns) and adds the promoted K blocks in order in registers; mma: each warp one (expert,
-//      128-wide K block), the expert's warps meeting at their own named barrier. Then times the
-//      router weight, rounded to bf16 (y2), and the unit's output rows are the sums of each
-//      token's local slots in slot order (the reference's top-k sum; one CTA-wide barrier per
-//      unit). No atomics on data, so the output is deterministic.
+//   3. GEMM2 units: 16 rows of w2 for every active expert (a stage holds kW / (I / 128) experts),
+//      each warp one (expert, 128-wide K block); the K blocks of an expert are added in order (the
+//      expert's warps meet at their own named barrier), times the router weight, rounded to bf16
+//      (y2), and the unit's output rows are the sums of each token's local slots in slot order
+//      (the reference's top-k sum; one CTA-wide barrier per unit). No atomics on data, so the
+//      output is deterministic.
 // The producer warp walks the same unit/stage sequence: wait for a free slot, expect the stage's
 // bytes on its full barrier, issue the GEMM1 box (wgmma: one 4D box of 16 + 16 rows x 8 K blocks;
 // mma: two 3D boxes of 8 rows x kc1 bytes) or one bulk copy per expert's 16 rows (GEMM2), and one
@@ -65,9 +63,6 @@ constexpr int kSgMaxStages = 12;
 // windows of kSgWinBytes.
 constexpr int kSgWinBytes = 160;  // one scale window: <= 32 floats, 16-byte aligned copy
 constexpr int sg_data2_bytes(int kW) { return kW * 2048; }  // (kW / nkb) * 16 * 128 nkb
-// wgmma GEMM2 stage header: the kW scale windows; the 2 KB slabs after it are tile rows 48-63,
-// rows 0-47 read the 6 KB before a slab (results nobody reads)
-constexpr int kSgG2Header = 6144;
 // barriers, tables, reductions (two buffers), y2 rows (two buffers: GEMM2 units alternate)
 constexpr int sg_fixed_bytes(int kW) {
   return 16 * kSgMaxStages + 4096 + 2 * kW * 32 * 16 + 2 * kSgMaxPairs * 16 * 4;
@@ -91,7 +86,7 @@ struct SingleParams {
   int h_f32;         // h is not rounded to bf16 (fused SiLU+quant semantics)
   ActParams ap;
   int nstages;
-  int g1_wgmma;     // both GEMMs on wgmma (GEMM1 units of 16 columns) instead of mma.sync
+  int g1_wgmma;     // GEMM1 on wgmma (units of 16 columns) instead of mma.sync (8 columns)
   int kc1;          // GEMM1 bytes per row and stage (a multiple of 1024)
   int data_bytes;   // max(16 * kc1, sg_data2_bytes(kW))
   int stage_bytes;  // data_bytes + kW windows, a multiple of 128
@@ -290,8 +285,7 @@ __device__ __forceinline__ void sg_block_mma(const uint8_t* a, int pitch, const 
 template <int kW>
 __global__ void __launch_bounds__(sg_threads(kW), 1)
     moe_single_kernel(const __grid_constant__ SingleParams p,
-                      const __grid_constant__ CUtensorMap tm_w1,
-                      const __grid_constant__ CUtensorMap tm_w2) {
+                      const __grid_constant__ CUtensorMap tm_w1) {
   extern __shared__ __align__(128) unsigned char sg_smem[];
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, t4 = lane & 3;
   const int M = p.M, H = p.H, I = p.I, topk = p.topk, P = M * topk;
@@ -438,10 +432,7 @@ __global__ void __launch_bounds__(sg_threads(kW), 1)
     // weights are read once per call: evict-first keeps L2 for the code, activations and scales
     // (run 12: 2-5% faster on every decode point)
     const uint64_t pol = l2_policy_evict_first();
-    if (lane == 0) {
-      tma_prefetch_desc(&tm_w1);
-      if (p.g1_wgmma) tma_prefetch_desc(&tm_w2);
-    }
+    if (lane == 0) tma_prefetch_desc(&tm_w1);
     // next_slot waits until the slot is free (the consumers no longer read its data nor its
     // window offsets); arm_slot, after the offsets are written, announces the bytes
     auto next_slot = [&]() {
@@ -523,14 +514,6 @@ __global__ void __launch_bounds__(sg_threads(kW), 1)
         }
         arm_slot(s, total);
         unsigned char* stage = ring + s * p.stage_bytes;
-        if (p.g1_wgmma) {  // windows in the header, then one box per expert: 16 rows x I
-          if (lane < nq) {
-            tma_load_3d_hint(stage + kSgG2Header + lane * 16 * I, &tm_w2, &full[s], 0,
-                             T.act[j0 + lane] * H + n0, 0, pol);
-            bulk_load_1d(stage + lane * kSgWinBytes, wsrc, l, &full[s]);
-          }
-          continue;
-        }
         if (lane < nq) {  // the expert's 16 rows are contiguous: one copy
           bulk_load_1d_hint(stage + lane * 16 * I,
                             p.w2.w + (int64_t(T.act[j0 + lane]) * H + n0) * I, 16u * I, &full[s],
@@ -736,16 +719,11 @@ __global__ void __launch_bounds__(sg_threads(kW), 1)
         const float s = group_scale(amax, p.ue8m0 != 0, p.min_scale2);
         const uint32_t lo = float2_to_e4m3x2(v.x / s, v.y / s),
                        hi = float2_to_e4m3x2(v.z / s, v.w / s);
-        // mma: row pos at pitch hpitch; wgmma: 16-byte chunk c of every pair row, then chunk c + 1
-        uint8_t* dst = p.g1_wgmma
-                           ? qh + (grp * 8 + (lane >> 2)) * 16 * P + pos * 16 + (lane & 3) * 4
-                           : qh + pos * hpitch + grp * 128 + lane * 4;
-        *reinterpret_cast<uint32_t*>(dst) = lo | (hi << 16);
+        *reinterpret_cast<uint32_t*>(qh + pos * hpitch + grp * 128 + lane * 4) = lo | (hi << 16);
         if (lane == 0) sh[pos * nkb2 + grp] = s;
       }
     }
   }
-  fence_proxy_async();  // qh is read by wgmma (the async proxy) next
   sg_consumer_sync<kW>();
   sg_stamp(p, kTrHQuant);
 
@@ -756,159 +734,79 @@ __global__ void __launch_bounds__(sg_threads(kW), 1)
   // (run 13: three CTA-wide barriers per stage took ~2 us per stage with the data already in
   // shared memory).
   const int nkb2 = plan.nkb2;
-  if (p.g1_wgmma) {
-    // Warpgroup wg takes experts wg, wg + 4, ... of each stage, all their K blocks: wgmma
-    // m64n8k32 with the expert's 16 rows as tile rows 48-63 (warp 3 holds them) and the expert's
-    // pairs as the B columns (sorted rows e0.. of qh; columns >= nt are other pairs' or unused),
-    // promoted per K block and added in K order in registers: no reduction across warps.
-    const int wg = warp >> 2, wq = warp & 3;
-    int ybuf_i = 0;
-    for (int k = 0; k < plan.u2_count; ++k) {
-      const int n0 = (plan.u2_first + k * gridDim.x) * 16;
-      float* yb = ybuf + ybuf_i * (kSgMaxPairs * 16);
-      ybuf_i ^= 1;
-      for (int st = 0; st < plan.ns2; ++st) {
-        const int s = rc.slot;
-        const uint32_t ph = rc.phase;
-        rc.advance(p.nstages);
-        const int j0 = st * plan.epx, nq = min(plan.epx, n_act - j0);
-        sg_wait(p, &full[s], ph, &wait2);
-        if (k == 0 && st == 0) sg_stamp(p, kTrFirstData2);
+  const int q = warp / nkb2, kb = warp % nkb2;
+  int ybuf_i = 0;
+  for (int k = 0; k < plan.u2_count; ++k) {
+    const int n0 = (plan.u2_first + k * gridDim.x) * 16;
+    float* yb = ybuf + ybuf_i * (kSgMaxPairs * 16);
+    ybuf_i ^= 1;
+    for (int st = 0; st < plan.ns2; ++st) {
+      const int s = rc.slot;
+      const uint32_t ph = rc.phase;
+      rc.advance(p.nstages);
+      const int j0 = st * plan.epx, nq = min(plan.epx, n_act - j0);
+      const bool mine = q < nq;
+      float res[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+      int e0 = 0, nt = 0;
+      sg_wait(p, &full[s], ph, &wait2);
+      if (k == 0 && st == 0) sg_stamp(p, kTrFirstData2);
+      if (mine) {
+        const int j = j0 + q;
+        e0 = T.eoff[j];
+        nt = T.eoff[j + 1] - e0;
         const unsigned char* stage = ring + s * p.stage_bytes;
-        for (int qq = wg; qq < nq; qq += 4) {
-          const int j = j0 + qq, e0 = T.eoff[j], nt = T.eoff[j + 1] - e0;
-          float acc[8][4];
-#pragma unroll
-          for (int b = 0; b < 8; ++b)
-#pragma unroll
-            for (int r = 0; r < 4; ++r) acc[b][r] = 0.0f;
-          sg_wgmma_fence();
-#pragma unroll
-          for (int b = 0; b < 8; ++b) {
-            if (b >= nkb2) break;
-            const uint64_t da = sg_desc_sw128(stage + (qq * nkb2 + b) * 2048);
-            const uint64_t db = sg_desc_interleave(qh + b * 128 * P + e0 * 16, 16 * P);
-#pragma unroll
-            for (int ks = 0; ks < 4; ++ks)
-              sg_wgmma_n8(acc[b], da + 2 * ks, db + uint64_t(2 * ks * P), ks > 0);
-          }
-          sg_wgmma_commit_wait();
-          if (wq == 3) {
-            const float* win =
-                reinterpret_cast<const float*>(stage + qq * kSgWinBytes) + T.woff[s][qq];
-            float v[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-#pragma unroll
-            for (int b = 0; b < 8; ++b) {
-              if (b >= nkb2) break;
-              const float sw = win[b];
-              const float sa0 = 2 * t4 < nt ? sh[(e0 + 2 * t4) * nkb2 + b] : 0.0f;
-              const float sa1 = 2 * t4 + 1 < nt ? sh[(e0 + 2 * t4 + 1) * nkb2 + b] : 0.0f;
-              v[0] += acc[b][0] * sa0 * sw;
-              v[1] += acc[b][1] * sa1 * sw;
-              v[2] += acc[b][2] * sa0 * sw;
-              v[3] += acc[b][3] * sa1 * sw;
-            }
-#pragma unroll
-            for (int c = 0; c < 2; ++c) {  // * router weight, rounded (y2)
-              const int col = 2 * t4 + c;
-              if (col >= nt) continue;
-              const int pair = T.plist[e0 + col];
-              const float rw = T.tw[pair];
-              yb[pair * 16 + g] = bf16_round(v[c] * rw);
-              yb[pair * 16 + g + 8] = bf16_round(v[2 + c] * rw);
-            }
-          }
-        }
-        mbar_arrive(&empty[s]);
+        const uint8_t* bcol = g < nt ? qh + (e0 + g) * hpitch + kb * 128 : nullptr;
+        float part[4];
+        sg_block_mma(stage + q * 16 * I + kb * 128, I, bcol, part);
+        const float sw = reinterpret_cast<const float*>(stage + p.data_bytes +
+                                                        q * kSgWinBytes)[T.woff[s][q] + kb];
+        const float sa0 = 2 * t4 < nt ? sh[(e0 + 2 * t4) * nkb2 + kb] : 0.0f;
+        const float sa1 = 2 * t4 + 1 < nt ? sh[(e0 + 2 * t4 + 1) * nkb2 + kb] : 0.0f;
+        res[0] = part[0] * sa0 * sw;
+        res[1] = part[1] * sa1 * sw;
+        res[2] = part[2] * sa0 * sw;
+        res[3] = part[3] * sa1 * sw;
       }
-      sg_consumer_sync<kW>();
-      // the unit's 16 output rows of every token: its local slots in slot order
-      for (int i = tid; i < M * 16; i += kW * 32) {
-        const int t = i / 16, r = i % 16;
-        float acc = 0.0f;
-        for (int sl = 0; sl < topk; ++sl) {
-          const int pair = t * topk + sl;
-          if (T.pe[pair] < 0) continue;
-          acc += yb[pair * 16 + r];
+      mbar_arrive(&empty[s]);
+      if (!mine) continue;
+      float v[4] = {res[0], res[1], res[2], res[3]};
+      if (nkb2 > 1) {
+        float* rb = red + red_buf * (kW * 32 * 4);
+        red_buf ^= 1;
+        if (kb != 0) {
+#pragma unroll
+          for (int r = 0; r < 4; ++r) rb[(warp * 32 + lane) * 4 + r] = res[r];
         }
-        p.out[int64_t(t) * H + n0 + r] = float_to_bf16_bits(acc);
+        sg_group_sync(q, nkb2);
+        if (kb != 0) continue;
+        // the expert's K blocks in order
+        for (int b = 1; b < nkb2; ++b)
+#pragma unroll
+          for (int r = 0; r < 4; ++r) v[r] += rb[((warp + b) * 32 + lane) * 4 + r];
+      }
+#pragma unroll
+      for (int c = 0; c < 2; ++c) {  // * router weight, rounded (y2)
+        const int col = 2 * t4 + c;
+        if (col >= nt) continue;
+        const int pair = T.plist[e0 + col];
+        const float rw = T.tw[pair];
+        yb[pair * 16 + g] = bf16_round(v[c] * rw);
+        yb[pair * 16 + g + 8] = bf16_round(v[2 + c] * rw);
       }
     }
-  } else {
-    const int q = warp / nkb2, kb = warp % nkb2;
-    int ybuf_i = 0;
-    for (int k = 0; k < plan.u2_count; ++k) {
-      const int n0 = (plan.u2_first + k * gridDim.x) * 16;
-      float* yb = ybuf + ybuf_i * (kSgMaxPairs * 16);
-      ybuf_i ^= 1;
-      for (int st = 0; st < plan.ns2; ++st) {
-        const int s = rc.slot;
-        const uint32_t ph = rc.phase;
-        rc.advance(p.nstages);
-        const int j0 = st * plan.epx, nq = min(plan.epx, n_act - j0);
-        const bool mine = q < nq;
-        float res[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-        int e0 = 0, nt = 0;
-        sg_wait(p, &full[s], ph, &wait2);
-        if (k == 0 && st == 0) sg_stamp(p, kTrFirstData2);
-        if (mine) {
-          const int j = j0 + q;
-          e0 = T.eoff[j];
-          nt = T.eoff[j + 1] - e0;
-          const unsigned char* stage = ring + s * p.stage_bytes;
-          const uint8_t* bcol = g < nt ? qh + (e0 + g) * hpitch + kb * 128 : nullptr;
-          float part[4];
-          sg_block_mma(stage + q * 16 * I + kb * 128, I, bcol, part);
-          const float sw = reinterpret_cast<const float*>(stage + p.data_bytes +
-                                                          q * kSgWinBytes)[T.woff[s][q] + kb];
-          const float sa0 = 2 * t4 < nt ? sh[(e0 + 2 * t4) * nkb2 + kb] : 0.0f;
-          const float sa1 = 2 * t4 + 1 < nt ? sh[(e0 + 2 * t4 + 1) * nkb2 + kb] : 0.0f;
-          res[0] = part[0] * sa0 * sw;
-          res[1] = part[1] * sa1 * sw;
-          res[2] = part[2] * sa0 * sw;
-          res[3] = part[3] * sa1 * sw;
-        }
-        mbar_arrive(&empty[s]);
-        if (!mine) continue;
-        float v[4] = {res[0], res[1], res[2], res[3]};
-        if (nkb2 > 1) {
-          float* rb = red + red_buf * (kW * 32 * 4);
-          red_buf ^= 1;
-          if (kb != 0) {
-#pragma unroll
-            for (int r = 0; r < 4; ++r) rb[(warp * 32 + lane) * 4 + r] = res[r];
-          }
-          sg_group_sync(q, nkb2);
-          if (kb != 0) continue;
-          // the expert's K blocks in order
-          for (int b = 1; b < nkb2; ++b)
-#pragma unroll
-            for (int r = 0; r < 4; ++r) v[r] += rb[((warp + b) * 32 + lane) * 4 + r];
-        }
-#pragma unroll
-        for (int c = 0; c < 2; ++c) {  // * router weight, rounded (y2)
-          const int col = 2 * t4 + c;
-          if (col >= nt) continue;
-          const int pair = T.plist[e0 + col];
-          const float rw = T.tw[pair];
-          yb[pair * 16 + g] = bf16_round(v[c] * rw);
-          yb[pair * 16 + g + 8] = bf16_round(v[2 + c] * rw);
-        }
+    sg_consumer_sync<kW>();
+    // the unit's 16 output rows of every token: its local slots in slot order
+    for (int i = tid; i < M * 16; i += kW * 32) {
+      const int t = i / 16, r = i % 16;
+      float acc = 0.0f;
+      for (int sl = 0; sl < topk; ++sl) {
+        const int pair = t * topk + sl;
+        if (T.pe[pair] < 0) continue;
+        acc += yb[pair * 16 + r];
       }
-      sg_consumer_sync<kW>();
-      // the unit's 16 output rows of every token: its local slots in slot order
-      for (int i = tid; i < M * 16; i += kW * 32) {
-        const int t = i / 16, r = i % 16;
-        float acc = 0.0f;
-        for (int sl = 0; sl < topk; ++sl) {
-          const int pair = t * topk + sl;
-          if (T.pe[pair] < 0) continue;
-          acc += yb[pair * 16 + r];
-        }
-        p.out[int64_t(t) * H + n0 + r] = float_to_bf16_bits(acc);
-      }
+      p.out[int64_t(t) * H + n0 + r] = float_to_bf16_bits(acc);
     }
-  }  // mma GEMM2
+  }
   sg_stamp(p, kTrGemm2);
   if (p.trace && tid == 0) {
     p.trace[blockIdx.x * kSgTracePoints + kTrWaitFull1] = static_cast<unsigned long long>(wait1);

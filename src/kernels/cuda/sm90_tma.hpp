@@ -67,21 +67,4 @@ inline CUtensorMap make_tma_w13_pairs_sw128(const void* base, int64_t row_bytes,
   return m;
 }
 
-// w2 (E experts x H rows x row_bytes) viewed as 3D for the single path's wgmma GEMM2: 128-byte
-// pieces of K (128-byte swizzle), rows (stride row_bytes), K blocks (stride 128). A box of 16 rows
-// x every K block lands as row_bytes / 128 slabs of 2 KB, each 16 rows x 128 bytes.
-inline CUtensorMap make_tma_w2_rows_sw128(const void* base, int64_t row_bytes, int64_t rows) {
-  CUtensorMap m{};
-  const cuuint64_t dims[3] = {128, static_cast<cuuint64_t>(rows),
-                              static_cast<cuuint64_t>(row_bytes / 128)};
-  const cuuint64_t strides[2] = {static_cast<cuuint64_t>(row_bytes), 128};
-  const cuuint32_t box[3] = {128, 16, static_cast<cuuint32_t>(row_bytes / 128)};
-  const cuuint32_t elem[3] = {1, 1, 1};
-  FP8MOE_CU_CHECK(tensor_map_encoder()(
-      &m, CU_TENSOR_MAP_DATA_TYPE_UINT8, 3, const_cast<void*>(base), dims, strides, box, elem,
-      CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
-      CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE));
-  return m;
-}
-
 }  // namespace fp8moe::cuda
