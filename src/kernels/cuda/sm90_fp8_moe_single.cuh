@@ -12,22 +12,18 @@
 // already holds its first GEMM2 weights.
 //
 // Per CTA (kW = 16 consumer warps + 1 producer warp):
-//   0. Routing in the kernel (from the logits): with at most 512 experts every CTA routes every
-//      token itself, warp t token t (route_token_warp), while the other warps quantise the M token
-//      rows of x into shared memory (1x128 groups); with more experts CTA b < M routes token b
-//      with the whole block and publishes it (sync[0]) and every CTA waits for it. Then the pair
-//      tables (active local experts ascending, each expert's pairs in pair order: the stream
-//      path's layout) in shared memory.
-//   1. GEMM1 units (wgmma, the default): (active expert, 16 output columns) = 16 gate rows + the
-//      16 matching up rows of w13, K = H in stages of 1024 bytes per row, one 4D TMA box per stage
-//      (128-byte swizzle). Warpgroup wg takes K blocks wg and wg + 4 of each stage: wgmma
-//      m64n8k32 e4m3 with the unit's 32 rows as tile rows 32-63 and every token as the 8 B
-//      columns, promotes it with the activation group scale and the weight block scale (both from
-//      shared memory: the producer copies the stage's scale words next to it), and the four
-//      warpgroups' sums are added in order at the end of the unit, where the activation (rounded
-//      like the reference) is applied and h written to global memory. (FP8MOE_SINGLE_GEMM1=mma:
-//      units of 8 + 8 rows on mma.sync, each consumer warp one K block per stage; run 13: slower
-//      on every decode point.)
+//   0. CTA b < M routes token b from the logits (when routing in the kernel) and publishes it
+//      (sync[0]); every CTA quantises the M token rows of x into shared memory (1x128 groups),
+//      then waits for the routing and builds the pair tables (active local experts ascending, each
+//      expert's pairs in pair order: the stream path's layout) in shared memory.
+//   1. GEMM1 units: (active expert, 8 output columns) = 8 gate rows + the 8 matching up rows of
+//      w13, K = H in stages of <= kc1 bytes per row. Consumer warp w takes the 128-wide K blocks
+//      w, w + kW, ... of each stage (mma.sync m16n8k32 e4m3, on sm_90 two f16 mma on converted
+//      operands: weights as the 16 A rows, the expert's <= 8 tokens as the B columns), promotes it
+//      with the activation group scale and the weight block scale (both from shared memory: the
+//      producer copies the stage's scale words next to it), and the kW warps' sums are added in
+//      warp order at the end of the unit. Warp 0 applies the activation (rounded like the
+//      reference) and writes h to global memory.
 //   2. Grid barrier (sync[1]); every CTA quantises all of h (1x128 groups) into shared memory.
 //   3. GEMM2 units: 16 rows of w2 for every active expert (a stage holds kW / (I / 128) experts),
 //      each warp one (expert, 128-wide K block); the K blocks of an expert are added in order (the
@@ -36,11 +32,11 @@
 //      (the reference's top-k sum; one CTA-wide barrier per unit). No atomics on data, so the
 //      output is deterministic.
 // The producer warp walks the same unit/stage sequence: wait for a free slot, expect the stage's
-// bytes on its full barrier, issue the GEMM1 box (wgmma: one 4D box of 16 + 16 rows x 8 K blocks;
-// mma: two 3D boxes of 8 rows x kc1 bytes) or one bulk copy per expert's 16 rows (GEMM2), and one
-// bulk copy per scale window; weights with an L2 evict-first hint. (Run 12: with 16 row copies per
-// stage GEMM1 streamed at 2-2.7 TB/s; boxes made it ~10% faster and left the consumers as the
-// bound; run 13: the ring feed alone carries ~4.1 TB/s.)
+// bytes on its full barrier, issue two TMA boxes (GEMM1: the 8 gate and the 8 up rows x kc1 bytes,
+// through a 3D view of w13 as rows x K blocks x 128 bytes) or one bulk copy per expert's 16 rows
+// (GEMM2), and one bulk copy per scale window; weights with an L2 evict-first hint. (Run 12: with
+// 16 row copies per stage GEMM1 streamed at 2-2.7 TB/s; the two boxes made it ~10% faster and left
+// the consumers as the bound.)
 #pragma once
 
 #include "cuda_common.cuh"
@@ -217,8 +213,6 @@ struct SgTables {
   // the scale-window offsets of each ring slot, written by the producer before it arms the slot
   // (the arrive releases them): GEMM1 [0] gate, [1] up; GEMM2 [q] expert q of the stage
   int32_t woff[kSgMaxStages][16];
-  int32_t rid[kSgMaxPairs];  // the in-kernel routing of every token (warp routing)
-  float rtw[kSgMaxPairs];
   int32_t n_act, n_valid;
 };
 
@@ -321,14 +315,9 @@ __global__ void __launch_bounds__(sg_threads(kW), 1)
   }
 
   // ---- 0. routing, x quantisation, tables --------------------------------------------------
-  // Routing in the kernel: with at most kRouteWarpMaxExperts experts every CTA routes every token
-  // itself, warp t token t, while the other warps quantise x (no grid-wide wait, no global round
-  // trip); with more experts CTA b < M routes token b with the whole block and publishes it.
   const int32_t* ids = p.ids_in;
   const float* tw = p.tw_in;
-  const bool warp_route = p.route && p.E_global <= kRouteWarpMaxExperts;
-  const int nr = warp_route ? M : 0;  // routing warps
-  if (p.route && !warp_route) {
+  if (p.route) {
     ids = p.ids_ws;
     tw = p.tw_ws;
     if (static_cast<int>(blockIdx.x) < M) {  // scratch: the ring, not yet in use
@@ -340,16 +329,12 @@ __global__ void __launch_bounds__(sg_threads(kW), 1)
       __syncthreads();
       if (tid == 0) atomicAdd(&p.sync[0], 1u);
     }
-    sg_stamp(p, kTrOwnRouting);
   }
-  if (warp < nr) {  // scratch: the ring, not yet in use
-    route_token_warp(p.rp, warp, p.E_global, topk, reinterpret_cast<RouteWarpScratch*>(ring) + warp,
-                     T.rid + warp * topk, T.rtw + warp * topk);
-    sg_stamp(p, kTrOwnRouting);  // warp 0: token 0 routed
-  } else {  // x rows -> fp8 in 1x128 groups (16 threads of 8 columns per group)
-    const int c8n = H / 8, total = M * c8n, nq = sg_threads(kW) - nr * 32, qtid = tid - nr * 32;
-    for (int b0 = 0; b0 < total; b0 += nq) {
-      const int i = b0 + qtid;
+  sg_stamp(p, kTrOwnRouting);
+  {  // x rows -> fp8 in 1x128 groups (16 threads of 8 columns per group)
+    const int c8n = H / 8, total = M * c8n;
+    for (int b0 = 0; b0 < total; b0 += sg_threads(kW)) {
+      const int i = b0 + tid;
       const bool ok = i < total;
       const int t = ok ? i / c8n : 0, c8 = ok ? i % c8n : 0;
       float v[8];
@@ -368,17 +353,19 @@ __global__ void __launch_bounds__(sg_threads(kW), 1)
       *reinterpret_cast<uint2*>(dst) = quant8(v, s);
       if (c8 % 16 == 0) sx[t * (H / 128) + c8 / 16] = s;
     }
-    if (p.trace && tid == nr * 32) p.trace[blockIdx.x * kSgTracePoints + kTrXQuant] = sg_now();
   }
-  if (p.route && !warp_route && tid == 0)
-    while (ld_acquire_gpu(&p.sync[0]) < static_cast<unsigned>(M)) {
-    }
-  __syncthreads();
+  sg_stamp(p, kTrXQuant);
+  if (p.route) {
+    if (tid == 0)
+      while (ld_acquire_gpu(&p.sync[0]) < static_cast<unsigned>(M)) {
+      }
+    __syncthreads();
+  }
   sg_stamp(p, kTrRouted);
   if (tid < P) {
-    const int id = warp_route ? T.rid[tid] : __ldcg(ids + tid);
-    T.pe[tid] = local_expert(id, p.expert_map, p.E_global, p.E);
-    T.tw[tid] = warp_route ? T.rtw[tid] : __ldcg(tw + tid);
+    const int e = local_expert(__ldcg(ids + tid), p.expert_map, p.E_global, p.E);
+    T.pe[tid] = e;
+    T.tw[tid] = __ldcg(tw + tid);
   }
   __syncthreads();
   if (tid < P) {
