@@ -728,7 +728,7 @@ std::vector<ExactCase> single_cases() {
     s.routing_config.method = RoutingMethodType::kRenormalizeNaive;
     add("logits_renormalize_naive", s);
   }
-  {  // more experts than one warp routes: CTA b < M routes token b with the block routine
+  {  // routing in the kernel with 640 experts (the block routine, one CTA per token)
     auto s = base_exact(3, 640, 256, 128, 2);
     s.routing = RoutingPattern::kLogits;
     s.routing_config.method = RoutingMethodType::kRenormalizeNaive;

@@ -16,14 +16,16 @@
 //      (sync[0]); every CTA quantises the M token rows of x into shared memory (1x128 groups),
 //      then waits for the routing and builds the pair tables (active local experts ascending, each
 //      expert's pairs in pair order: the stream path's layout) in shared memory.
-//   1. GEMM1 units: (active expert, 8 output columns) = 8 gate rows + the 8 matching up rows of
-//      w13, K = H in stages of <= kc1 bytes per row. Consumer warp w takes the 128-wide K blocks
-//      w, w + kW, ... of each stage (mma.sync m16n8k32 e4m3, on sm_90 two f16 mma on converted
-//      operands: weights as the 16 A rows, the expert's <= 8 tokens as the B columns), promotes it
-//      with the activation group scale and the weight block scale (both from shared memory: the
-//      producer copies the stage's scale words next to it), and the kW warps' sums are added in
-//      warp order at the end of the unit. Warp 0 applies the activation (rounded like the
-//      reference) and writes h to global memory.
+//   1. GEMM1 units (wgmma, the default): (active expert, 16 output columns) = 16 gate rows + the
+//      16 matching up rows of w13, K = H in stages of 1024 bytes per row, one 4D TMA box per stage
+//      (128-byte swizzle). Warpgroup wg takes K blocks wg and wg + 4 of each stage: wgmma
+//      m64n8k32 e4m3 with the unit's 32 rows as tile rows 32-63 and every token as the 8 B
+//      columns, promotes it with the activation group scale and the weight block scale (both from
+//      shared memory: the producer copies the stage's scale words next to it), and the four
+//      warpgroups' sums are added in order at the end of the unit, where the activation (rounded
+//      like the reference) is applied and h written to global memory. (FP8MOE_SINGLE_GEMM1=mma:
+//      units of 8 + 8 rows on mma.sync, each consumer warp one K block per stage; run 13: slower
+//      on every decode point.)
 //   2. Grid barrier (sync[1]); every CTA quantises all of h (1x128 groups) into shared memory.
 //   3. GEMM2 units: 16 rows of w2 for every active expert (a stage holds kW / (I / 128) experts),
 //      each warp one (expert, 128-wide K block); the K blocks of an expert are added in order (the
@@ -32,11 +34,11 @@
 //      (the reference's top-k sum; one CTA-wide barrier per unit). No atomics on data, so the
 //      output is deterministic.
 // The producer warp walks the same unit/stage sequence: wait for a free slot, expect the stage's
-// bytes on its full barrier, issue two TMA boxes (GEMM1: the 8 gate and the 8 up rows x kc1 bytes,
-// through a 3D view of w13 as rows x K blocks x 128 bytes) or one bulk copy per expert's 16 rows
-// (GEMM2), and one bulk copy per scale window; weights with an L2 evict-first hint. (Run 12: with
-// 16 row copies per stage GEMM1 streamed at 2-2.7 TB/s; the two boxes made it ~10% faster and left
-// the consumers as the bound.)
+// bytes on its full barrier, issue the GEMM1 box (wgmma: one 4D box of 16 + 16 rows x 8 K blocks;
+// mma: two 3D boxes of 8 rows x kc1 bytes) or one bulk copy per expert's 16 rows (GEMM2), and one
+// bulk copy per scale window; weights with an L2 evict-first hint. (Run 12: with 16 row copies per
+// stage GEMM1 streamed at 2-2.7 TB/s; boxes made it ~10% faster and left the consumers as the
+// bound; run 13: the ring feed alone carries ~4.1 TB/s.)
 #pragma once
 
 #include "cuda_common.cuh"

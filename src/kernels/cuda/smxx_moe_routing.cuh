@@ -26,8 +26,11 @@
 // shared-memory atomicMax, and top-k is topk rounds of a warp-wide maximum (redux.sync), each
 // taking the next largest order. It does the block routine's float operations in the same order
 // (the shared route_score and route_finish, the softmax denominator summed the same way), so the
-// ids and weights are the same bits; the selection is on the same 64-bit orders. Not yet timed on
-// the card (its cost next to the 28 us of the earlier one-warp routine above is still to measure).
+// ids and weights are the same bits; the selection is on the same 64-bit orders. Measured (run 13,
+// inside the single kernel, every CTA routing its token in one warp): 14-20 us for one token of
+// DeepSeek-V3 / Qwen3-Next, slower than the block routine's 6-8 us in one CTA, so no forward path
+// uses it; it stays behind device_route(..., one_warp_per_token) with its bit-for-bit test as the
+// starting point of a faster one (its top-k rounds and the 16-row loops run whatever E is).
 #pragma once
 
 #include "cuda_common.cuh"
