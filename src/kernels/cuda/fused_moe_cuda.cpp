@@ -93,7 +93,8 @@ std::string grouped_path_limit(const MoeProblem& p) {
 // path at M >= 8 on every models.md shape it takes (equal to 2.45x) and the wgmma path at every
 // M >= 128 (1.8-4.9x); since the block routing (run 9) it also wins at M = 2-6 on every block-FP8
 // shape the single path does not take (above), and for one token with a large intermediate (run
-// 12: DeepSeek-V3 TP2 72 vs 90 us on the stream path; where the single path declines, e.g. I > 1024).
+// 12: DeepSeek-V3 TP2 72 vs 90 us on the stream path; where the single path declines, e.g. I >
+// 1024).
 bool grouped_path_preferred(const MoeProblem& p) { return p.M >= 2 || p.I > 512; }
 }  // namespace
 
@@ -158,9 +159,10 @@ Path choose(const MoeProblem& p, std::string* why = nullptr) {
   if (single_path_preferred(p) && single_path_limit(p).empty()) {
     if (why)
       *why = p.M == 1 ? std::string("auto: one token and the single-kernel path takes it")
-                      : fmt::format("auto: M = {} <= 4, M * I = {} <= 1536 and the single-kernel "
-                                    "path takes it",
-                                    p.M, p.M * p.I);
+                      : fmt::format(
+                            "auto: M = {} <= 4, M * I = {} <= 1536 and the single-kernel "
+                            "path takes it",
+                            p.M, p.M * p.I);
     return Path::kSingle;
   }
   const std::string grouped_why = grouped_path_limit(p);

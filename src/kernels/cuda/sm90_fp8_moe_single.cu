@@ -156,14 +156,14 @@ void print_trace(const MoeProblem& p, const unsigned long long* dev, int ctas) {
       "gemm2", "prod-end",  "wait-full1", "wait-full2", "wait-empty"};
   int khz = 0;
   cudaDeviceGetAttribute(&khz, cudaDevAttrClockRate, 0);
-  std::fprintf(stderr,
-               "single trace M=%lld H=%lld I=%lld E=%lld topk=%lld gemm1=%s kc1=%d stages=%d warps=%d "
-               "(%d CTAs), us since the first start: CTA 0 / median / max (waits: median / "
-               "max)\n ",
-               static_cast<long long>(p.M), static_cast<long long>(p.H),
-               static_cast<long long>(p.I), static_cast<long long>(p.E),
-               static_cast<long long>(p.topk), g1_wgmma() ? "wgmma" : "mma", kc1(p), stages(p),
-               kSgWarps, ctas);
+  std::fprintf(
+      stderr,
+      "single trace M=%lld H=%lld I=%lld E=%lld topk=%lld gemm1=%s kc1=%d stages=%d warps=%d "
+      "(%d CTAs), us since the first start: CTA 0 / median / max (waits: median / "
+      "max)\n ",
+      static_cast<long long>(p.M), static_cast<long long>(p.H), static_cast<long long>(p.I),
+      static_cast<long long>(p.E), static_cast<long long>(p.topk), g1_wgmma() ? "wgmma" : "mma",
+      kc1(p), stages(p), kSgWarps, ctas);
   for (int k = 0; k < kSgTracePoints; ++k) {
     const bool wait = k >= kTrWaitFull1;
     std::vector<double> us;
