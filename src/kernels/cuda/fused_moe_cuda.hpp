@@ -72,10 +72,10 @@ void run_batched_experts(const FusedMoeArgs& args, const BatchedExpertsArgs& b, 
 
 // Test hook: routes every row of `logits` (M, E) f32/bf16 on the GPU with `cfg` (its
 // e_score_correction_bias on the GPU too) by the forward's routing kernel (one block per token),
-// or with one_warp_per_token by route_token_warp (one warp per token, E <= 512: the routine the
-// single-kernel path is to use; NotImplementedError above); `ids` (i32) and `weights` (f32) are GPU
-// buffers of M x cfg.topk. Throws ValueError / NotImplementedError for what the forward rejects.
-// Synchronous.
+// or with one_warp_per_token by route_token_warp (one warp per token, E <= 512, NotImplementedError
+// above; no forward path uses it: run 13 measured it slower than the block routine); `ids` (i32)
+// and `weights` (f32) are GPU buffers of M x cfg.topk. Throws ValueError / NotImplementedError for
+// what the forward rejects. Synchronous.
 void device_route(const TensorView& logits, const RoutingConfig& cfg, int32_t* ids, float* weights,
                   bool one_warp_per_token = false);
 
