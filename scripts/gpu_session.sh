@@ -6,7 +6,7 @@
 #   scripts/gpu_session.sh [--no-tests] [--no-sanitize] [--no-bench] [--bench-args "..."]
 #                          [--tests-filter REGEX] [--ncu "BENCH ARGS"] [--bench2-args "..."]
 #                          [--grouped-bench-args "..."] [--san-filter GTEST_FILTER]
-#                          [--trace "SHAPE ..."] [--stream-bench]
+#                          [--trace "SHAPE ..."] [--stream-bench] [--ncu-source "BENCH ARGS"]
 # --grouped-bench-args runs bench_cuda_grouped (the DEEPGEMM-contract grouped GEMM) with these
 # arguments (grouped.log, grouped.csv; "-" for none). --san-filter replaces the sanitizer subset.
 # --bench2-args runs the benchmark a second time with these arguments (bench2.log, bench2.csv),
@@ -16,6 +16,9 @@
 # phase stamps of the second, warm call).
 # The device tool brings back at most ~8 files from $OUT: the sanitizer logs end up in one file
 # (sanitizers.log) and the build and test logs are gzipped at the end.
+# --ncu-source profiles the second launch of the single-path kernel of `bench_cuda_moe --ncu BENCH
+# ARGS` (e.g. "--path single --m 1 --shape deepseek_v3_tp8"): warp-state details (ncu_source.log)
+# and the per-instruction stall samples of the SASS (ncu_sass.csv.gz, `--page source`).
 # --ncu runs Nsight Compute (SpeedOfLight, memory, warp stalls) on the fused-MoE kernels of one
 # direct run per configuration of `bench_cuda_moe --ncu BENCH ARGS`, into ncu.log (NCU_SECTIONS
 # overrides the sections, e.g. "--section SpeedOfLight" for durations and throughputs only).
@@ -34,6 +37,7 @@ RUN_SAN=1
 RUN_BENCH=1
 BENCH_ARGS=""
 NCU_ARGS=""
+NCU_SOURCE_ARGS=""
 BENCH2_ARGS=""
 TESTS_FILTER="Cuda"
 GROUPED_ARGS=""
@@ -48,6 +52,7 @@ while [ $# -gt 0 ]; do
     --bench-args) BENCH_ARGS="$2"; shift ;;
     --tests-filter) TESTS_FILTER="$2"; shift ;;
     --ncu) NCU_ARGS="$2"; shift ;;
+    --ncu-source) NCU_SOURCE_ARGS="$2"; shift ;;
     --bench2-args) BENCH2_ARGS="$2"; shift ;;
     --grouped-bench-args) GROUPED_ARGS="$2"; shift ;;
     --san-filter) SAN_FILTER_ARG="$2"; shift ;;
@@ -151,11 +156,26 @@ fi
 if [ -n "$NCU_ARGS" ]; then
   stamp "ncu"
   # shellcheck disable=SC2086
-  timeout 300 ncu --clock-control none -k 'regex:moe_decode_kernel|moe_gemm_wgmma_kernel|moe_gemm_mma_kernel|moe_stream|moe_route|grouped_gemm' \
+  timeout 300 ncu --clock-control none -k 'regex:moe_single_kernel|moe_decode_kernel|moe_gemm_wgmma_kernel|moe_gemm_mma_kernel|moe_stream|moe_route|grouped_gemm' \
     ${NCU_SECTIONS:---section SpeedOfLight --section MemoryWorkloadAnalysis --section WarpStateStats \
     --section LaunchStats --section Occupancy --section SourceCounters} --print-details all \
     "$BENCH" --ncu $NCU_ARGS >"$OUT/ncu.log" 2>&1
   note "ncu: rc=$?"
+fi
+if [ -n "$NCU_SOURCE_ARGS" ]; then
+  stamp "ncu source"
+  # shellcheck disable=SC2086
+  timeout 120 ncu --clock-control none -k regex:moe_single_kernel --launch-skip 1 --launch-count 1 \
+    --section SpeedOfLight --section WarpStateStats --section SourceCounters --print-details all \
+    "$BENCH" --ncu $NCU_SOURCE_ARGS >"$OUT/ncu_source.log" 2>&1
+  note "ncu source (details): rc=$?"
+  # shellcheck disable=SC2086
+  timeout 120 ncu --clock-control none -k regex:moe_single_kernel --launch-skip 1 --launch-count 1 \
+    --section SourceCounters --page source --print-source sass --csv \
+    "$BENCH" --ncu $NCU_SOURCE_ARGS >"$OUT/ncu_sass.csv" 2>&1
+  note "ncu source (sass): rc=$?, $(wc -l <"$OUT/ncu_sass.csv") lines"
+  python3 scripts/ncu_sass_summary.py "$OUT/ncu_sass.csv" --top 30 >"$OUT/ncu_sass_summary.txt" 2>&1
+  gzip -f "$OUT/ncu_sass.csv"
 fi
 
 # ---- benchmark --------------------------------------------------------------------------------
