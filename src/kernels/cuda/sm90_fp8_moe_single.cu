@@ -37,33 +37,21 @@ const SgDevice& sg_device() {
   return d;
 }
 
-// GEMM1 on wgmma (FP8MOE_SINGLE_GEMM1=wgmma, the default) or on mma.sync (=mma; on sm_90 two f16
-// mma per e4m3 block after converting both operands).
-bool g1_wgmma() {
-  static const bool w = [] {
-    const char* v = std::getenv("FP8MOE_SINGLE_GEMM1");
-    return !(v && std::strcmp(v, "mma") == 0);
-  }();
-  return w;
-}
-
 int64_t act_bytes(const MoeProblem& p) {
   const int64_t P = p.M * p.topk;
-  // x: mma layout M rows of H + 16 bytes; wgmma layout M x H plus the 128 bytes the last K chunk's
-  // unused B rows read
+  // x: M x H in the wgmma B layout plus the 128 bytes the last K chunk's unused B rows read, its
+  // scales at M (H + 16)
   const int64_t x = p.M * (p.H + 16) + 128 + p.M * (p.H / 128) * 4;
   const int64_t h = P * (p.I + 16) + P * (p.I / 128) * 4;
   return round_up(std::max(x, h), 16);
 }
 
-// The ring for GEMM1 stages of kc bytes per weight row: stage size and count. mma: 16 rows of kc
-// bytes, then the scale windows. wgmma: a 4 KB header (the two scale windows), then 32 rows x kc
-// (K-block slabs of 4 KB). Either holds a GEMM2 stage (data, then kW windows). Multiples of 1024
-// (the 128-byte swizzle's alignment).
+// The ring for GEMM1 stages of kc bytes per weight row: stage size and count. GEMM1: a 4 KB header
+// (the two scale windows), then 32 rows x kc (K-block slabs of 4 KB); GEMM2: the experts' rows,
+// then kW windows. Multiples of 1024 (the 128-byte swizzle's alignment).
 int stage_bytes_for(int kc) {
   const int64_t g2 = sg_data2_bytes(kSgWarps) + kSgWarps * kSgWinBytes;
-  const int64_t g1 = g1_wgmma() ? 4096 + 32 * kc : 16 * kc + kSgWarps * kSgWinBytes;
-  return static_cast<int>(round_up(std::max(g1, g2), 1024));
+  return static_cast<int>(round_up(std::max<int64_t>(4096 + 32 * kc, g2), 1024));
 }
 int stages_for(const MoeProblem& p, int kc) {
   const int64_t left = kSgMaxSmem - 1024 - sg_fixed_bytes(kSgWarps) - act_bytes(p);
@@ -71,28 +59,11 @@ int stages_for(const MoeProblem& p, int kc) {
       std::min<int64_t>(kSgMaxStages, std::max<int64_t>(left, 0) / stage_bytes_for(kc)));
 }
 
-// GEMM1 bytes per weight row and stage (at most H rounded up to 1024): FP8MOE_SINGLE_KC (1024,
-// 2048, 4096), else the largest of 4096, 2048, 1024 that leaves kSgMinStages stages. Measured on
-// the H200 (docs/PERFORMANCE.md, run 11): fewer, larger bulk copies stream faster (DeepSeek-V3 TP2
-// M = 1: 122.5 / 100.0 / 92.0 us with 1 / 2 / 4 KB copies; M = 8: 734 / 584 us with 1 / 2 KB).
-int kc1(const MoeProblem& p) {
-  static const int forced = [] {
-    const char* v = std::getenv("FP8MOE_SINGLE_KC");
-    if (v &&
-        (std::strcmp(v, "1024") == 0 || std::strcmp(v, "2048") == 0 || std::strcmp(v, "4096") == 0))
-      return std::atoi(v);
-    return 0;
-  }();
-  const int cap = static_cast<int>(std::min<int64_t>(4096, round_up(p.H, 1024)));
-  if (g1_wgmma()) return 1024;  // 32 KB of weights per stage, 8 K blocks: 2 per warpgroup
-  if (forced) return std::min(forced, cap);
-  for (int kc = cap; kc > 1024; kc /= 2)
-    if (stages_for(p, kc) >= kSgMinStages) return kc;
-  return 1024;
-}
-int data_bytes(const MoeProblem& p) {
-  return g1_wgmma() ? sg_data2_bytes(kSgWarps) : std::max(16 * kc1(p), sg_data2_bytes(kSgWarps));
-}
+// GEMM1 bytes per weight row and stage: 32 KB of weights per stage, 8 K blocks (2 per warpgroup).
+// (The mma.sync GEMM1 of run 12 chose 1-4 KB per shape; run 13's wgmma GEMM1 beat it with 1 KB
+// stages on all 24 decode points.)
+int kc1(const MoeProblem&) { return 1024; }
+int data_bytes(const MoeProblem&) { return sg_data2_bytes(kSgWarps); }
 int stage_bytes(const MoeProblem& p) { return stage_bytes_for(kc1(p)); }
 int stages(const MoeProblem& p) { return stages_for(p, kc1(p)); }
 
@@ -156,14 +127,13 @@ void print_trace(const MoeProblem& p, const unsigned long long* dev, int ctas) {
       "gemm2", "prod-end",  "wait-full1", "wait-full2", "wait-empty"};
   int khz = 0;
   cudaDeviceGetAttribute(&khz, cudaDevAttrClockRate, 0);
-  std::fprintf(
-      stderr,
-      "single trace M=%lld H=%lld I=%lld E=%lld topk=%lld gemm1=%s kc1=%d stages=%d warps=%d "
-      "(%d CTAs), us since the first start: CTA 0 / median / max (waits: median / "
-      "max)\n ",
-      static_cast<long long>(p.M), static_cast<long long>(p.H), static_cast<long long>(p.I),
-      static_cast<long long>(p.E), static_cast<long long>(p.topk), g1_wgmma() ? "wgmma" : "mma",
-      kc1(p), stages(p), kSgWarps, ctas);
+  std::fprintf(stderr,
+               "single trace M=%lld H=%lld I=%lld E=%lld topk=%lld kc1=%d stages=%d warps=%d "
+               "(%d CTAs), us since the first start: CTA 0 / median / max (waits: median / "
+               "max)\n ",
+               static_cast<long long>(p.M), static_cast<long long>(p.H),
+               static_cast<long long>(p.I), static_cast<long long>(p.E),
+               static_cast<long long>(p.topk), kc1(p), stages(p), kSgWarps, ctas);
   for (int k = 0; k < kSgTracePoints; ++k) {
     const bool wait = k >= kTrWaitFull1;
     std::vector<double> us;
@@ -256,12 +226,9 @@ void run_single(const MoeProblem& p, void* workspace) {
   sp.sync = reinterpret_cast<unsigned*>(ws + L.sync);
   sp.out = static_cast<uint16_t*>(p.out);
 
-  // GEMM1 weights: mma: boxes of 8 rows x kc1 bytes of w13 (E * 2I rows of H bytes); wgmma: 16
-  // gate + 16 up rows x kc1 bytes, 128-byte swizzle
-  sp.g1_wgmma = g1_wgmma();
-  const CUtensorMap tm_w1 =
-      sp.g1_wgmma ? make_tma_w13_pairs_sw128(p.w1.w, p.H, p.E * 2 * p.I, p.I, sp.kc1 / 128)
-                  : make_tma_rows_kblocks_u8(p.w1.w, p.H, p.E * 2 * p.I, sp.kc1 / 128, 8);
+  // GEMM1 weights: boxes of 16 gate + 16 up rows x kc1 bytes of w13 (E * 2I rows of H bytes),
+  // 128-byte swizzle
+  const CUtensorMap tm_w1 = make_tma_w13_pairs_sw128(p.w1.w, p.H, p.E * 2 * p.I, p.I, sp.kc1 / 128);
 
   const int smem = smem_bytes(p);
   void (*kernel)(SingleParams, CUtensorMap) = moe_single_kernel<kSgWarps>;

@@ -23,9 +23,8 @@
 //      columns, promotes it with the activation group scale and the weight block scale (both from
 //      shared memory: the producer copies the stage's scale words next to it), and the four
 //      warpgroups' sums are added in order at the end of the unit, where the activation (rounded
-//      like the reference) is applied and h written to global memory. (FP8MOE_SINGLE_GEMM1=mma:
-//      units of 8 + 8 rows on mma.sync, each consumer warp one K block per stage; run 13: slower
-//      on every decode point.)
+//      like the reference) is applied and h written to global memory. (Run 13: faster than the
+//      mma.sync GEMM1 it replaced, 8 + 8 rows per unit, on every decode point.)
 //   2. Grid barrier (sync[1]); every CTA quantises all of h (1x128 groups) into shared memory.
 //   3. GEMM2 units: 16 rows of w2 for every active expert (a stage holds kW / (I / 128) experts),
 //      each warp one (expert, 128-wide K block); the K blocks of an expert are added in order (the
@@ -34,8 +33,8 @@
 //      (the reference's top-k sum; one CTA-wide barrier per unit). No atomics on data, so the
 //      output is deterministic.
 // The producer warp walks the same unit/stage sequence: wait for a free slot, expect the stage's
-// bytes on its full barrier, issue the GEMM1 box (wgmma: one 4D box of 16 + 16 rows x 8 K blocks;
-// mma: two 3D boxes of 8 rows x kc1 bytes) or one bulk copy per expert's 16 rows (GEMM2), and one
+// bytes on its full barrier, issue the GEMM1 box (one 4D box of 16 + 16 rows x 8 K blocks) or
+// one bulk copy per expert's 16 rows (GEMM2), and one
 // bulk copy per scale window; weights with an L2 evict-first hint. (Run 12: with 16 row copies per
 // stage GEMM1 streamed at 2-2.7 TB/s; boxes made it ~10% faster and left the consumers as the
 // bound; run 13: the ring feed alone carries ~4.1 TB/s.)
@@ -56,9 +55,9 @@ constexpr int sg_threads(int kW) { return (kW + 1) * 32; }
 constexpr int kSgMaxM = 8;
 constexpr int kSgMaxPairs = 64;  // M * topk
 constexpr int kSgMaxStages = 12;
-// A stage: GEMM1 16 rows of kc1 bytes (two TMA boxes of 8 rows), GEMM2
-// 16 rows x I of <= kW / (I / 128) experts (one contiguous copy each, pitch I), then kW scale
-// windows of kSgWinBytes.
+// A stage: GEMM1 a 4 KB header (the gate and up scale windows), then 16 gate + 16 up rows x kc1
+// bytes as K-block slabs of 4 KB (one TMA box); GEMM2 16 rows x I of <= kW / (I / 128) experts
+// (one contiguous copy each, pitch I), then kW scale windows of kSgWinBytes.
 constexpr int kSgWinBytes = 160;  // one scale window: <= 32 floats, 16-byte aligned copy
 constexpr int sg_data2_bytes(int kW) { return kW * 2048; }  // (kW / nkb) * 16 * 128 nkb
 // barriers, tables, reductions (two buffers), y2 rows (two buffers: GEMM2 units alternate)
@@ -84,9 +83,8 @@ struct SingleParams {
   int h_f32;         // h is not rounded to bf16 (fused SiLU+quant semantics)
   ActParams ap;
   int nstages;
-  int g1_wgmma;     // GEMM1 on wgmma (units of 16 columns) instead of mma.sync (8 columns)
-  int kc1;          // GEMM1 bytes per row and stage (a multiple of 1024)
-  int data_bytes;   // max(16 * kc1, sg_data2_bytes(kW))
+  int kc1;          // GEMM1 bytes per row and stage (1024)
+  int data_bytes;   // sg_data2_bytes(kW): the GEMM2 windows follow the data
   int stage_bytes;  // data_bytes + kW windows, a multiple of 128
   int act_bytes;    // shared bytes of the token region (qx + sx, or qh + sh)
   float* hbuf;      // (M * topk, I) h at each pair's sorted position
@@ -144,7 +142,7 @@ __device__ __forceinline__ void sg_group_sync(int q, int warps) {
   asm volatile("bar.sync %0, %1;\n" ::"r"(2 + q), "r"(warps * 32) : "memory");
 }
 
-// ---- wgmma (GEMM1 when g1_wgmma) -------------------------------------------------------------
+// ---- wgmma (GEMM1) -------------------------------------------------------------------------
 // A: K-major, 128-byte swizzle, 8-row groups 1024 bytes apart (the TMA box's layout).
 __device__ __forceinline__ uint64_t sg_desc_sw128(const void* smem) {
   const uint64_t addr = smem_u32(smem);
@@ -230,7 +228,7 @@ template <int kW>
 __device__ __forceinline__ SgPlan sg_plan(const SingleParams& p, int n_act) {
   SgPlan q;
   const int G = gridDim.x, b = blockIdx.x;
-  const int U1 = n_act * (p.I / (p.g1_wgmma ? 16 : 8));
+  const int U1 = n_act * (p.I / 16);
   q.u1_first = b;
   q.u1_count = b < U1 ? (U1 - b + G - 1) / G : 0;
   q.ns1 = (p.H + p.kc1 - 1) / p.kc1;
@@ -297,7 +295,7 @@ __global__ void __launch_bounds__(sg_threads(kW), 1)
   static_assert(sizeof(SgTables) <= 4096);
   // token region: GEMM1 qx (M rows, pitch H + 16) + sx (M x H / 128); GEMM2 qh (P rows, pitch
   // I + 16) + sh (P x I / 128)
-  const int xpitch = H + 16, hpitch = I + 16, pitch1 = p.kc1;
+  const int xpitch = H + 16, hpitch = I + 16;
   uint8_t* qx = treg;
   float* sx = reinterpret_cast<float*>(treg + M * xpitch);
   uint8_t* qh = treg;
@@ -349,9 +347,8 @@ __global__ void __launch_bounds__(sg_threads(kW), 1)
       amax = group_max<16>(amax);
       if (!ok) continue;
       const float s = group_scale(amax, p.ue8m0 != 0, 0.0f);
-      // mma: row t at pitch xpitch; wgmma: 16-byte chunk c of every token, then chunk c + 1
-      uint8_t* dst =
-          p.g1_wgmma ? qx + (c8 >> 1) * 16 * M + t * 16 + (c8 & 1) * 8 : qx + t * xpitch + c8 * 8;
+      // the wgmma B layout: 16-byte chunk c of every token, then chunk c + 1
+      uint8_t* dst = qx + (c8 >> 1) * 16 * M + t * 16 + (c8 & 1) * 8;
       *reinterpret_cast<uint2*>(dst) = quant8(v, s);
       if (c8 % 16 == 0) sx[t * (H / 128) + c8 / 16] = s;
     }
@@ -412,7 +409,7 @@ __global__ void __launch_bounds__(sg_threads(kW), 1)
   sg_stamp(p, kTrTables);
   const int n_act = T.n_act;
   const SgPlan plan = sg_plan<kW>(p, n_act);
-  const int units1 = I / (p.g1_wgmma ? 16 : 8);
+  const int units1 = I / 16;
 
   // ---- producer warp ---------------------------------------------------------------------
   if (warp == kW) {
@@ -439,7 +436,7 @@ __global__ void __launch_bounds__(sg_threads(kW), 1)
     };
     for (int k = 0; k < plan.u1_count; ++k) {
       const int u = plan.u1_first + k * gridDim.x;
-      const int j = u / units1, c0 = (u % units1) * (p.g1_wgmma ? 16 : 8), e = T.act[j];
+      const int j = u / units1, c0 = (u % units1) * 16, e = T.act[j];
       const int row0 = e * 2 * I + c0;  // gate rows row0.., up rows row0 + I.. of w13
       const float* sexp = p.w1.scale + int64_t(e) * p.w1.scale_e_stride;
       const float* sg = sexp + int64_t(c0 / 128) * p.w1.scale_n_stride;
@@ -450,32 +447,21 @@ __global__ void __launch_bounds__(sg_threads(kW), 1)
         int og, ou;
         const float* wg = sg_window(sg + k0 / 128, nkb, p.w1_scale_end, &lg, &og);
         const float* wu = sg_window(su + k0 / 128, nkb, p.w1_scale_end, &lu, &ou);
-        // two boxes of 8 rows x kc1 bytes; past H the box is zero-filled and still counted
         const int s = next_slot();
         if (lane == 0) {
           T.woff[s][0] = og;
           T.woff[s][1] = ou;
         }
         unsigned char* stage = ring + s * p.stage_bytes;
-        if (p.g1_wgmma) {  // windows in the 4 KB header, then one box: 16 + 16 rows x kc1
-          arm_slot(s, 32u * p.kc1 + lg + lu);
-          if (lane == 0)
-            tma_load_4d_hint(stage + 4096, &tm_w1, &full[s], 0, row0, 0, k0 / 128, pol);
-          else if (lane == 16)
-            bulk_load_1d(stage, wg, lg, &full[s]);
-          else if (lane == 17)
-            bulk_load_1d(stage + kSgWinBytes, wu, lu, &full[s]);
-          continue;
-        }
-        arm_slot(s, 16u * p.kc1 + lg + lu);
-        if (lane == 0) {
-          tma_load_3d_hint(stage, &tm_w1, &full[s], 0, k0 / 128, row0, pol);
-          tma_load_3d_hint(stage + 8 * pitch1, &tm_w1, &full[s], 0, k0 / 128, row0 + I, pol);
-        } else if (lane == 16) {
-          bulk_load_1d(stage + p.data_bytes, wg, lg, &full[s]);
-        } else if (lane == 17) {
-          bulk_load_1d(stage + p.data_bytes + kSgWinBytes, wu, lu, &full[s]);
-        }
+        // windows in the 4 KB header, then one box: 16 + 16 rows x kc1 (past H zero-filled and
+        // still counted)
+        arm_slot(s, 32u * p.kc1 + lg + lu);
+        if (lane == 0)
+          tma_load_4d_hint(stage + 4096, &tm_w1, &full[s], 0, row0, 0, k0 / 128, pol);
+        else if (lane == 16)
+          bulk_load_1d(stage, wg, lg, &full[s]);
+        else if (lane == 17)
+          bulk_load_1d(stage + kSgWinBytes, wu, lu, &full[s]);
       }
     }
     for (int k = 0; k < plan.u2_count; ++k) {
@@ -522,7 +508,7 @@ __global__ void __launch_bounds__(sg_threads(kW), 1)
   SgRing rc;
   int red_buf = 0;
   long long wait1 = 0, wait2 = 0;
-  if (p.g1_wgmma) {
+  {
     // Unit (expert, 16 columns): tile rows 32-63 of each K block are its 16 gate and 16 up rows
     // (the box's slab; rows 0-31 read the 4 KB before it -- the header or the previous slab --
     // and nobody reads their results), so warps 2 and 3 of a warpgroup hold the gate and the up
@@ -604,70 +590,7 @@ __global__ void __launch_bounds__(sg_threads(kW), 1)
         p.hbuf[int64_t(e0 + idx) * I + c0 + i] = p.h_f32 ? h : bf16_round(h);
       }
     }
-  } else {
-    for (int k = 0; k < plan.u1_count; ++k) {
-      const int u = plan.u1_first + k * gridDim.x;
-      const int j = u / units1, c0 = (u % units1) * 8;
-      const int e0 = T.eoff[j], nt = T.eoff[j + 1] - e0;
-      // B column g: token row of the expert's pair g; scale columns 2 t4 + c
-      const uint8_t* bcol = g < nt ? qx + (T.plist[e0 + g] / topk) * xpitch : nullptr;
-      int srow[2];
-#pragma unroll
-      for (int c = 0; c < 2; ++c)
-        srow[c] = 2 * t4 + c < nt ? (T.plist[e0 + 2 * t4 + c] / topk) * (H / 128) : -1;
-      float total[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-      for (int st = 0; st < plan.ns1; ++st) {
-        const int s = rc.slot;
-        const uint32_t ph = rc.phase;
-        rc.advance(p.nstages);
-        const int k0 = st * p.kc1, nkb = min(p.kc1, H - k0) / 128;
-        sg_wait(p, &full[s], ph, &wait1);
-        if (k == 0 && st == 0) sg_stamp(p, kTrFirstData1);
-        if (warp < nkb) {
-          const unsigned char* stage = ring + s * p.stage_bytes;
-          // the scale windows' offsets, as the producer cut them
-          const int og = T.woff[s][0], ou = T.woff[s][1];
-          const float* win = reinterpret_cast<const float*>(stage + p.data_bytes);
-          // K blocks warp, warp + kW, ...: over the stages each warp sums its blocks in K order
-          for (int b = warp; b < nkb; b += kW) {
-            float part[4];
-            sg_block_mma(stage + b * 128, pitch1, bcol ? bcol + k0 + b * 128 : nullptr, part);
-            const float sw_g = win[og + b];
-            const float sw_u = win[kSgWinBytes / 4 + ou + b];
-            const int kb = k0 / 128 + b;
-            const float sa0 = srow[0] >= 0 ? sx[srow[0] + kb] : 0.0f;
-            const float sa1 = srow[1] >= 0 ? sx[srow[1] + kb] : 0.0f;
-            total[0] += part[0] * sa0 * sw_g;
-            total[1] += part[1] * sa1 * sw_g;
-            total[2] += part[2] * sa0 * sw_u;
-            total[3] += part[3] * sa1 * sw_u;
-          }
-        }
-        mbar_arrive(&empty[s]);
-      }
-      // the kW warps' sums in warp order; warp 0 finishes the unit
-      float* rb = red + red_buf * (kW * 32 * 4);
-      red_buf ^= 1;
-#pragma unroll
-      for (int r = 0; r < 4; ++r) rb[(warp * 32 + lane) * 4 + r] = total[r];
-      sg_consumer_sync<kW>();
-      if (warp == 0) {
-        float v[4] = {total[0], total[1], total[2], total[3]};
-        for (int w = 1; w < kW; ++w)
-#pragma unroll
-          for (int r = 0; r < 4; ++r) v[r] += rb[(w * 32 + lane) * 4 + r];
-#pragma unroll
-        for (int c = 0; c < 2; ++c) {
-          const int col = 2 * t4 + c;
-          if (col >= nt) continue;
-          // row g: gate column c0 + g; row g + 8: its up row
-          const float y_g = round_act(p.ap, v[c]), y_u = round_act(p.ap, v[2 + c]);
-          const float h = act_gated(p.ap, y_g, y_u);
-          p.hbuf[int64_t(e0 + col) * I + c0 + g] = p.h_f32 ? h : bf16_round(h);
-        }
-      }
-    }
-  }  // mma GEMM1
+  }
 
   // ---- grid barrier: every CTA's h is written ---------------------------------------------
   __threadfence();
