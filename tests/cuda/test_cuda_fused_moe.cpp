@@ -734,6 +734,26 @@ std::vector<ExactCase> single_cases() {
     s.routing_config.method = RoutingMethodType::kRenormalizeNaive;
     add("logits_E640_block_routing", s);
   }
+  // one token routed in the kernel: every CTA routes it for itself (8 warps, the other 9
+  // quantising x meanwhile)
+  {
+    auto s = base_exact(1, 640, 256, 128, 2);
+    s.routing = RoutingPattern::kLogits;
+    s.routing_config.method = RoutingMethodType::kRenormalizeNaive;
+    add("logits_M1_E640", s);
+  }
+  {  // DeepSeek-V3's routing: sigmoid, correction bias, 4 of 8 groups, scaling factor (exact
+     // mode takes topk <= 2 with router logits)
+    auto s = base_exact(1, 64, 640, 256, 2);
+    s.routing = RoutingPattern::kLogits;
+    s.routing_config.method = RoutingMethodType::kDeepSeekV3;
+    s.routing_config.scoring_func = "sigmoid";
+    s.routing_config.num_expert_group = 8;
+    s.routing_config.topk_group = 4;
+    s.routing_config.renormalize = true;
+    s.routing_config.routed_scaling_factor = 2.5;
+    add("logits_M1_deepseek_grouped_bias", s);
+  }
   {
     auto s = base_exact(7, 8, 256, 128, 3);
     s.ep_size = 2;

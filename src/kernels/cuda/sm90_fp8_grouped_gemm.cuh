@@ -255,8 +255,8 @@ __global__ void __launch_bounds__(kGThreads, 1)
                         const __grid_constant__ CUtensorMap tm_a,
                         const __grid_constant__ CUtensorMap tm_b) {
   extern __shared__ uint8_t gg_smem_raw[];
-  uint8_t* smem = reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(gg_smem_raw) + 1023) &
-                                             ~uintptr_t(1023));
+  // the first 1024-byte boundary by indexing (not an integer cast): derived pointers stay shared
+  uint8_t* smem = gg_smem_raw + ((1024u - (smem_u32(gg_smem_raw) & 1023u)) & 1023u);
   uint16_t* epi = reinterpret_cast<uint16_t*>(smem + kGStages * kGStageBytes);
   uint64_t* full = reinterpret_cast<uint64_t*>(smem + kGStages * kGStageBytes + kGEpiBytes);
   uint64_t* empty = full + kGStages;
@@ -551,8 +551,8 @@ __global__ void __launch_bounds__(kGThreads, 1)
                              const __grid_constant__ CUtensorMap tm_a,
                              const __grid_constant__ CUtensorMap tm_b) {
   extern __shared__ uint8_t gg_smem_raw[];
-  uint8_t* smem = reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(gg_smem_raw) + 1023) &
-                                             ~uintptr_t(1023));
+  // the first 1024-byte boundary by indexing (not an integer cast): derived pointers stay shared
+  uint8_t* smem = gg_smem_raw + ((1024u - (smem_u32(gg_smem_raw) & 1023u)) & 1023u);
   uint16_t* epi = reinterpret_cast<uint16_t*>(smem + kG2Stages * kG2StageBytes);
   uint64_t* full = reinterpret_cast<uint64_t*>(smem + kG2Stages * kG2StageBytes + kG2EpiBytes);
   uint64_t* empty = full + kG2Stages;
@@ -787,8 +787,8 @@ __global__ void __launch_bounds__(kGThreads, 1)
   using C = SwapCfg<kTN>;
   constexpr int kAcc = kTN / 2;
   extern __shared__ uint8_t gg_smem_raw[];
-  uint8_t* smem = reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(gg_smem_raw) + 1023) &
-                                             ~uintptr_t(1023));
+  // the first 1024-byte boundary by indexing (not an integer cast): derived pointers stay shared
+  uint8_t* smem = gg_smem_raw + ((1024u - (smem_u32(gg_smem_raw) & 1023u)) & 1023u);
   uint16_t* stage_out = reinterpret_cast<uint16_t*>(smem + C::kStages * C::kStageBytes);
   uint64_t* full = reinterpret_cast<uint64_t*>(smem + C::kStages * C::kStageBytes + C::kEpiBytes);
   uint64_t* empty = full + C::kStages;

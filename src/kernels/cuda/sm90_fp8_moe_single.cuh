@@ -12,10 +12,11 @@
 // already holds its first GEMM2 weights.
 //
 // Per CTA (kW = 16 consumer warps + 1 producer warp):
-//   0. CTA b < M routes token b from the logits (when routing in the kernel) and publishes it
-//      (sync[0]); every CTA quantises the M token rows of x into shared memory (1x128 groups),
-//      then waits for the routing and builds the pair tables (active local experts ascending, each
-//      expert's pairs in pair order: the stream path's layout) in shared memory.
+//   0. When routing in the kernel: one token, every CTA routes it for itself (no grid-wide wait);
+//      more, CTA b < M routes token b and publishes it (sync[0]). Every CTA quantises the M token
+//      rows of x into shared memory (1x128 groups), waits for the published routing if any, and
+//      builds the pair tables (active local experts ascending, each expert's pairs in pair order:
+//      the stream path's layout) in shared memory.
 //   1. GEMM1 units (wgmma, the default): (active expert, 16 output columns) = 16 gate rows + the
 //      16 matching up rows of w13, K = H in stages of 1024 bytes per row, one 4D TMA box per stage
 //      (128-byte swizzle). Warpgroup wg takes K blocks wg and wg + 4 of each stage: wgmma
@@ -214,6 +215,9 @@ struct SgTables {
   // (the arrive releases them): GEMM1 [0] gate, [1] up; GEMM2 [q] expert q of the stage
   int32_t woff[kSgMaxStages][16];
   int32_t n_act, n_valid;
+  // the routing of a one-token call (every CTA routes it: no grid-wide publication)
+  int32_t rid[32];
+  float rtw[32];
 };
 
 // The sequence of stages both roles walk. GEMM1: units u = b, b + G, ... < n_act * I / 8, each
@@ -284,8 +288,10 @@ __global__ void __launch_bounds__(sg_threads(kW), 1)
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, t4 = lane & 3;
   const int M = p.M, H = p.H, I = p.I, topk = p.topk, P = M * topk;
   // shared layout: ring | token region | barriers | tables | reductions | y2 rows
-  unsigned char* ring = reinterpret_cast<unsigned char*>(
-      (reinterpret_cast<uintptr_t>(sg_smem) + 1023) & ~uintptr_t(1023));
+  // the first 1024-byte boundary, reached by indexing the shared array (not through an integer
+  // cast) so that the compiler keeps every derived pointer in the shared window: ld/st.shared
+  // instead of generic loads and stores
+  unsigned char* ring = sg_smem + ((1024u - (smem_u32(sg_smem) & 1023u)) & 1023u);
   unsigned char* treg = ring + p.nstages * p.stage_bytes;
   uint64_t* full = reinterpret_cast<uint64_t*>(treg + p.act_bytes);
   uint64_t* empty = full + kSgMaxStages;
@@ -313,18 +319,29 @@ __global__ void __launch_bounds__(sg_threads(kW), 1)
     }
     fence_barrier_init();
   }
+  if (warp == kW && lane == 0) tma_prefetch_desc(&tm_w1);  // long before its first use
 
   // ---- 0. routing, x quantisation, tables --------------------------------------------------
+  // One token: every CTA routes it for itself (no grid-wide publication and wait: run 14); more:
+  // CTA b < M routes token b and publishes it in sync[0].
+  const bool local_route = p.route && M == 1;
   const int32_t* ids = p.ids_in;
   const float* tw = p.tw_in;
-  if (p.route) {
+  if (p.route && !local_route) {
     ids = p.ids_ws;
     tw = p.tw_ws;
-    if (static_cast<int>(blockIdx.x) < M) {  // scratch: the ring, not yet in use
-      // experts per thread: the fewest that cover kRouteMaxExperts (less unrolled code to fetch)
-      constexpr int kOwn = (kRouteMaxExperts + sg_threads(kW) - 1) / sg_threads(kW);
-      route_token_block<kOwn>(p.rp, blockIdx.x, p.E_global, topk, ring,
-                              p.ids_ws + blockIdx.x * topk, p.tw_ws + blockIdx.x * topk);
+  }
+  // every warp routes (scratch: the ring, not yet in use), then every warp quantises x. (Run 14:
+  // 8 warps routing on a named barrier while the other 9 quantise x measured no faster in graph
+  // replay, and racecheck reported hazards on the tables after it with 640 experts.)
+  if (local_route || (p.route && static_cast<int>(blockIdx.x) < M)) {
+    // experts per thread: the fewest that cover kRouteMaxExperts (less unrolled code to fetch)
+    constexpr int kOwn = (kRouteMaxExperts + sg_threads(kW) - 1) / sg_threads(kW);
+    const int t = local_route ? 0 : static_cast<int>(blockIdx.x);
+    route_token_block<kOwn>(p.rp, t, p.E_global, topk, ring,
+                            local_route ? T.rid : p.ids_ws + t * topk,
+                            local_route ? T.rtw : p.tw_ws + t * topk);
+    if (!local_route) {
       __threadfence();
       __syncthreads();
       if (tid == 0) atomicAdd(&p.sync[0], 1u);
@@ -354,7 +371,8 @@ __global__ void __launch_bounds__(sg_threads(kW), 1)
     }
   }
   sg_stamp(p, kTrXQuant);
-  if (p.route) {
+  __syncthreads();
+  if (p.route && !local_route) {
     if (tid == 0)
       while (ld_acquire_gpu(&p.sync[0]) < static_cast<unsigned>(M)) {
       }
@@ -362,9 +380,10 @@ __global__ void __launch_bounds__(sg_threads(kW), 1)
   }
   sg_stamp(p, kTrRouted);
   if (tid < P) {
-    const int e = local_expert(__ldcg(ids + tid), p.expert_map, p.E_global, p.E);
+    const int e =
+        local_expert(local_route ? T.rid[tid] : __ldcg(ids + tid), p.expert_map, p.E_global, p.E);
     T.pe[tid] = e;
-    T.tw[tid] = __ldcg(tw + tid);
+    T.tw[tid] = local_route ? T.rtw[tid] : __ldcg(tw + tid);
   }
   __syncthreads();
   if (tid < P) {
@@ -418,7 +437,6 @@ __global__ void __launch_bounds__(sg_threads(kW), 1)
     // weights are read once per call: evict-first keeps L2 for the code, activations and scales
     // (run 12: 2-5% faster on every decode point)
     const uint64_t pol = l2_policy_evict_first();
-    if (lane == 0) tma_prefetch_desc(&tm_w1);
     // next_slot waits until the slot is free (the consumers no longer read its data nor its
     // window offsets); arm_slot, after the offsets are written, announces the bytes
     auto next_slot = [&]() {
@@ -536,12 +554,15 @@ __global__ void __launch_bounds__(sg_threads(kW), 1)
 #pragma unroll
           for (int r = 0; r < 4; ++r) acc[i][r] = 0.0f;
         sg_wgmma_fence();
+        // every warpgroup issues all its wgmma whatever nkb (a K block past H multiplies the box's
+        // zero fill by token block 0 and is never promoted): wgmma behind a branch that ptxas
+        // cannot prove uniform gets serialised (C7520)
 #pragma unroll
         for (int i = 0; i < kSgWgKb; ++i) {
           const int b = wg + 4 * i;
-          if (b >= nkb) break;
           const uint64_t da = sg_desc_sw128(stage + b * 4096);
-          const uint64_t db = sg_desc_interleave(qx + (k0 / 128 + b) * 128 * M, 16 * M);
+          const uint64_t db =
+              sg_desc_interleave(qx + (b < nkb ? k0 / 128 + b : 0) * 128 * M, 16 * M);
 #pragma unroll
           for (int ks = 0; ks < 4; ++ks)
             sg_wgmma_n8(acc[i], da + 2 * ks, db + uint64_t(2 * ks * M), ks > 0);

@@ -160,7 +160,9 @@ __device__ inline void route_finish(const RoutingParams& rp, int topk, int lane,
 // The calling block (blockDim.x a multiple of 32, at least E / kOwn threads; every thread calls)
 // routes token t.
 // `smem`: route_smem_bytes(E) bytes, 16-byte aligned. Lane j < topk of warp 0 writes slot j to
-// out_ids[j], out_w[j]. Ends with __syncthreads(), so the caller may reuse the scratch.
+// out_ids[j], out_w[j]. Ends with __syncthreads(), so the caller may reuse the scratch. Each thread
+// reads its experts' logits and biases from global memory once, into registers (run 14: the single
+// decode path routes on the critical path of the layer).
 template <int kOwn>
 __device__ inline void route_token_block(const RoutingParams& rp, int t, int E, int topk,
                                          unsigned char* smem, int32_t* out_ids, float* out_w) {
@@ -179,22 +181,30 @@ __device__ inline void route_token_block(const RoutingParams& rp, int t, int E, 
   unsigned* s_chosen = reinterpret_cast<unsigned*>(s_misc + 193);  // chosen groups
   const RouteScore sk = static_cast<RouteScore>(rp.score);
   const int64_t row = int64_t(t) * E;
-  auto logit = [&](int e) { return route_load(rp.logits, rp.logits_bf16, row + e); };
-  auto key_of = [&](int e) {
-    return rp.bias ? s_score[e] + route_load(rp.bias, rp.bias_bf16, e) : s_score[e];
-  };
+  // expert tid + i nt: its logit and bias (0 when there is none), loaded once
+  float lg[kOwn], bs[kOwn];
+#pragma unroll
+  for (int i = 0; i < kOwn; ++i) {
+    const int e = tid + i * nt;
+    lg[i] = e < E ? route_load(rp.logits, rp.logits_bf16, row + e) : 0.0f;
+    bs[i] = e < E && rp.bias ? route_load(rp.bias, rp.bias_bf16, e) : 0.0f;
+  }
 
   // 1. scores and selection keys
   float denom = 1.0f;
   if (sk == RouteScore::kSoftmax) {
     float mx = -INFINITY;
-    for (int e = tid; e < E; e += nt) mx = fmaxf(mx, logit(e));
+#pragma unroll
+    for (int i = 0; i < kOwn; ++i)
+      if (tid + i * nt < E) mx = fmaxf(mx, lg[i]);
     mx = warp_max(mx);
     if (lane == 0) s_red[warp] = mx;
     __syncthreads();
     mx = s_red[0];
     for (int w = 1; w < (nt >> 5); ++w) mx = fmaxf(mx, s_red[w]);
-    for (int e = tid; e < E; e += nt) s_score[e] = expf(logit(e) - mx);
+#pragma unroll
+    for (int i = 0; i < kOwn; ++i)
+      if (tid + i * nt < E) s_score[tid + i * nt] = expf(lg[i] - mx);
     __syncthreads();
     if (warp == 0) {  // lane l sums experts l, l + 32, ... in order, then across the warp
       float sum = 0.0f;
@@ -205,10 +215,13 @@ __device__ inline void route_token_block(const RoutingParams& rp, int t, int E, 
     __syncthreads();
     denom = *s_sum;
   }
-  for (int e = tid; e < E; e += nt) {
-    const float s = route_score(sk, sk == RouteScore::kSoftmax ? s_score[e] : logit(e), denom);
+#pragma unroll
+  for (int i = 0; i < kOwn; ++i) {
+    const int e = tid + i * nt;
+    if (e >= E) break;
+    const float s = route_score(sk, sk == RouteScore::kSoftmax ? s_score[e] : lg[i], denom);
     s_score[e] = s;
-    s_key[e] = route_order(rp.bias ? s + route_load(rp.bias, rp.bias_bf16, e) : s, e);
+    s_key[e] = route_order(rp.bias ? s + bs[i] : s, e);
   }
   for (int e = E + tid; e < Ep; e += nt) s_key[e] = 0;  // the last chunk's padding
   if (tid < 32) {
@@ -224,10 +237,13 @@ __device__ inline void route_token_block(const RoutingParams& rp, int t, int E, 
   // with a bias, else the best key, fmaxf-style: -inf when every key is NaN)
   if (rp.grouped) {
     const int G = rp.num_expert_group, per = E / G;
-    for (int e = tid; e < G * per; e += nt) {
+#pragma unroll
+    for (int i = 0; i < kOwn; ++i) {
+      const int e = tid + i * nt;
+      if (e >= G * per) break;
       const int g = e / per;
       const int c = route_count_above<false>(s_key + g * per, per, s_key[e], 2);
-      const float k = key_of(e);
+      const float k = rp.bias ? s_score[e] + bs[i] : s_score[e];  // the selection key
       if (rp.bias) {
         if (c == 0)
           s_g0[g] = k;
@@ -296,7 +312,7 @@ __device__ inline void route_token_block(const RoutingParams& rp, int t, int E, 
     if (c < topk) {
       s_sel_id[c] = e;
       s_sel_s[c] = s_score[e];
-      s_sel_l[c] = logit(e);
+      s_sel_l[c] = lg[i];
     }
   }
   __syncthreads();
