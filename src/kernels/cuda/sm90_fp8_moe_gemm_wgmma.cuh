@@ -129,8 +129,8 @@ __global__ void __launch_bounds__(kWgThreads, 1)
                           const __grid_constant__ CUtensorMap tm_w,
                           const __grid_constant__ CUtensorMap tm_a, int n_mblk, int n_tiles_n) {
   extern __shared__ uint8_t wg_smem_raw[];
-  uint8_t* smem = reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(wg_smem_raw) + 1023) &
-                                             ~uintptr_t(1023));
+  // the first 1024-byte boundary by indexing (not an integer cast): derived pointers stay shared
+  uint8_t* smem = wg_smem_raw + ((1024u - (smem_u32(wg_smem_raw) & 1023u)) & 1023u);
   float* epi = reinterpret_cast<float*>(smem + kWgStages * kWgStageBytes);
   uint64_t* full = reinterpret_cast<uint64_t*>(reinterpret_cast<uint8_t*>(epi) + kWgEpiBytes);
   uint64_t* empty = full + kWgStages;
