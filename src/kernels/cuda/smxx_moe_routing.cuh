@@ -17,12 +17,13 @@
 // the topk best of every chunk (the candidates) count among the candidates (step 3 says why that
 // is exact).
 //
-// Why a warp routine as well: the single-kernel decode path (sm90_fp8_moe_single.cuh) routes with
-// the whole block of one CTA per token while the other CTAs wait for it (measured on the H200: 6-8
-// us for one token with the block routine inside the single kernel). With route_token_warp every
-// CTA can route the token(s) it needs in one warp, in parallel with the x quantisation, and needs
-// no block barrier and only a small per-warp scratch (RouteWarpScratch). Its lane l keeps the keys
-// of experts l, l + 32, ... in registers; groups take their best two orders with redux.sync and
+// Why a warp routine as well: the single-kernel decode path (sm90_fp8_moe_single.cuh) routed with
+// the whole block of one CTA per token while the other CTAs waited for it (measured on the H200:
+// 6-8 us for one token with the block routine inside the single kernel; since run 14 every CTA
+// routes a one-token call itself with the block routine, ~5-6 us). With route_token_warp every CTA
+// can route the token(s) it needs in one warp, in parallel with the x quantisation, and needs no
+// block barrier and only a small per-warp scratch (RouteWarpScratch). Its lane l keeps the keys of
+// experts l, l + 32, ... in registers; groups take their best two orders with redux.sync and
 // shared-memory atomicMax, and top-k is topk rounds of a warp-wide maximum (redux.sync), each
 // taking the next largest order. It does the block routine's float operations in the same order
 // (the shared route_score and route_finish, the softmax denominator summed the same way), so the
