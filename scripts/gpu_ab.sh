@@ -1,0 +1,72 @@
+#!/usr/bin/env bash
+# Same-machine A/B of the CUDA fused MoE benchmark on the GPU machine: the working tree ("new")
+# against a base tree ("base") that differs in a few files, built side by side, then
+# `bench_cuda_moe` of each, alternating for several rounds (medians per round in ab.log).
+# Call-to-call spread on the device is ~10% (docs/PERFORMANCE.md run 14), so a change is judged
+# only against its base in the same call.
+#
+# Here, before the device call:   scripts/gpu_ab.sh --prepare BASE_REF
+#   writes the base versions of every file under src/ that differs from BASE_REF into .ab_base/
+#   (untracked, so the device tool copies it; delete it after the call).
+# On the device, after gpu_session.sh built the new tree (build-gpu):
+#   scripts/gpu_ab.sh --run [ROUNDS] ["BENCH ARGS"]   (default 3, "--path auto --m 1,2,4,8,32")
+# Environment as for gpu_session.sh (FP8MOE_DEPS_PREFIX, FP8MOE_CUTLASS_INCLUDE); output in $OUT.
+# (Run 14's call 5 ran these commands inline.)
+set -uo pipefail
+cd "$(dirname "$0")/.."
+ROOT=$(pwd)
+case "${1:-}" in
+  --prepare)
+    base=${2:?base ref}
+    rm -rf .ab_base
+    for f in $(git diff --name-only "$base" -- src); do
+      mkdir -p ".ab_base/$(dirname "$f")"
+      if git cat-file -e "$base:$f" 2>/dev/null; then
+        git show "$base:$f" >".ab_base/$f"
+      else
+        echo "$f" >>.ab_base/DELETE  # new in the working tree: absent from the base
+      fi
+    done
+    find .ab_base -type f | sort
+    ;;
+  --run)
+    rounds=${2:-3}
+    args=${3:---path auto --m 1,2,4,8,32}
+    OUT=${OUT:-$ROOT/gpu_out}
+    mkdir -p "$OUT"
+    X=$OUT/ab.log
+    [ -d .ab_base/src ] || { echo "no .ab_base/src (run --prepare first)" | tee -a "$X"; exit 2; }
+    BASE=/tmp/ab_base_tree
+    rm -rf "$BASE" && mkdir -p "$BASE"
+    tar --exclude=./build-gpu --exclude=./.deps --exclude=./.debs --exclude=./.git -cf - . |
+      tar -xf - -C "$BASE"
+    cp -r .ab_base/src "$BASE/"
+    if [ -f .ab_base/DELETE ]; then
+      while read -r f; do rm -f "$BASE/$f"; done <.ab_base/DELETE
+    fi
+    ln -s "$ROOT/.deps" "$BASE/.deps"
+    ln -s "$ROOT/.debs" "$BASE/.debs"
+    export PATH=/usr/local/cuda/bin:$PATH
+    PREFIX=${FP8MOE_DEPS_PREFIX:-$ROOT/.debs/prefix/usr}
+    CUTLASS=${FP8MOE_CUTLASS_INCLUDE:-$ROOT/.deps/python/cutlass_library/source/include}
+    (cd "$BASE" && cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=Release -DFP8MOE_WITH_CUDA=ON \
+      -DCMAKE_PREFIX_PATH="$PREFIX" -DCMAKE_INCLUDE_PATH="$PREFIX/include" \
+      -DFP8MOE_CUTLASS_INCLUDE="$CUTLASS" "-DCMAKE_CXX_FLAGS=-include cstdint" \
+      >"$OUT/ab_build.log" 2>&1 &&
+      cmake --build build -j "$(nproc)" --target bench_cuda_moe >>"$OUT/ab_build.log" 2>&1)
+    echo "base build rc=$?" | tee -a "$X"
+    for r in $(seq 1 "$rounds"); do
+      for v in base new; do
+        if [ $v = base ]; then B=$BASE/build/bench/bench_cuda_moe; else B=build-gpu/bench/bench_cuda_moe; fi
+        echo "== $v round $r" >>"$X"
+        # shellcheck disable=SC2086
+        timeout 120 "$B" $args 2>&1 | grep -A80 "== summary" | grep -E "single|grouped|stream|wgmma|generic" >>"$X"
+      done
+    done
+    python3 scripts/ab_summary.py "$X" | tee "$OUT/ab_summary.txt"
+    ;;
+  *)
+    echo "usage: $0 --prepare BASE_REF | --run [ROUNDS] [\"BENCH ARGS\"]"
+    exit 2
+    ;;
+esac
