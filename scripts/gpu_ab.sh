@@ -13,7 +13,7 @@
 # Environment as for gpu_session.sh (FP8MOE_DEPS_PREFIX, FP8MOE_CUTLASS_INCLUDE); output in $OUT.
 # (Run 14's call 5 ran these commands inline.)
 set -uo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/.." || exit 1
 ROOT=$(pwd)
 case "${1:-}" in
   --prepare)
@@ -38,7 +38,7 @@ case "${1:-}" in
     [ -d .ab_base/src ] || { echo "no .ab_base/src (run --prepare first)" | tee -a "$X"; exit 2; }
     BASE=/tmp/ab_base_tree
     rm -rf "$BASE" && mkdir -p "$BASE"
-    tar --exclude=./build-gpu --exclude=./.deps --exclude=./.debs --exclude=./.git -cf - . |
+    tar --exclude=./build --exclude=./build-gpu --exclude=./.deps --exclude=./.debs --exclude=./.git -cf - . |
       tar -xf - -C "$BASE"
     cp -r .ab_base/src "$BASE/"
     if [ -f .ab_base/DELETE ]; then
