@@ -13,10 +13,11 @@
 //
 // Per CTA (kW = 16 consumer warps + 1 producer warp):
 //   0. When routing in the kernel: one token, every CTA routes it for itself (no grid-wide wait);
-//      more, CTA b < M routes token b and publishes it (sync[0]). Every CTA quantises the M token
-//      rows of x into shared memory (1x128 groups), waits for the published routing if any, and
-//      builds the pair tables (active local experts ascending, each expert's pairs in pair order:
-//      the stream path's layout) in shared memory.
+//      more, CTA b < M routes token b and publishes it (sync[0]). Every CTA waits for the
+//      published routing if any and builds the pair tables (active local experts ascending, each
+//      expert's pairs in pair order: the stream path's layout) in shared memory. Then the producer
+//      starts loading while the consumers quantise the M token rows of x into shared memory
+//      (1x128 groups), under the first loads' latency.
 //   1. GEMM1 units (wgmma, the default): (active expert, 16 output columns) = 16 gate rows + the
 //      16 matching up rows of w13, K = H in stages of 1024 bytes per row, one 4D TMA box per stage
 //      (128-byte swizzle). Warpgroup wg takes K blocks wg and wg + 4 of each stage: wgmma
@@ -349,30 +350,6 @@ __global__ void __launch_bounds__(sg_threads(kW), 1)
     }
   }
   sg_stamp(p, kTrOwnRouting);
-  {  // x rows -> fp8 in 1x128 groups (16 threads of 8 columns per group)
-    const int c8n = H / 8, total = M * c8n;
-    for (int b0 = 0; b0 < total; b0 += sg_threads(kW)) {
-      const int i = b0 + tid;
-      const bool ok = i < total;
-      const int t = ok ? i / c8n : 0, c8 = ok ? i % c8n : 0;
-      float v[8];
-      float amax = 0.0f;
-      if (ok) {
-        load8<uint16_t>(p.x + int64_t(t) * H + c8 * 8, v);
-#pragma unroll
-        for (int k = 0; k < 8; ++k) amax = fmaxf(amax, fabsf(v[k]));
-      }
-      amax = group_max<16>(amax);
-      if (!ok) continue;
-      const float s = group_scale(amax, p.ue8m0 != 0, 0.0f);
-      // the wgmma B layout: 16-byte chunk c of every token, then chunk c + 1
-      uint8_t* dst = qx + (c8 >> 1) * 16 * M + t * 16 + (c8 & 1) * 8;
-      *reinterpret_cast<uint2*>(dst) = quant8(v, s);
-      if (c8 % 16 == 0) sx[t * (H / 128) + c8 / 16] = s;
-    }
-  }
-  sg_stamp(p, kTrXQuant);
-  __syncthreads();
   if (p.route && !local_route) {
     if (tid == 0)
       while (ld_acquire_gpu(&p.sync[0]) < static_cast<unsigned>(M)) {
@@ -522,6 +499,34 @@ __global__ void __launch_bounds__(sg_threads(kW), 1)
     }
     return;
   }
+
+  // ---- consumers: x rows -> fp8 in 1x128 groups (16 threads of 8 columns per group), while
+  // the producer's first stages are already in flight: the weight loads start right after the
+  // tables, the x quantisation hides under their latency
+  {
+    const int c8n = H / 8, total = M * c8n;
+    for (int b0 = 0; b0 < total; b0 += kW * 32) {
+      const int i = b0 + tid;
+      const bool ok = i < total;
+      const int t = ok ? i / c8n : 0, c8 = ok ? i % c8n : 0;
+      float v[8];
+      float amax = 0.0f;
+      if (ok) {
+        load8<uint16_t>(p.x + int64_t(t) * H + c8 * 8, v);
+#pragma unroll
+        for (int k = 0; k < 8; ++k) amax = fmaxf(amax, fabsf(v[k]));
+      }
+      amax = group_max<16>(amax);
+      if (!ok) continue;
+      const float s = group_scale(amax, p.ue8m0 != 0, 0.0f);
+      // the wgmma B layout: 16-byte chunk c of every token, then chunk c + 1
+      uint8_t* dst = qx + (c8 >> 1) * 16 * M + t * 16 + (c8 & 1) * 8;
+      *reinterpret_cast<uint2*>(dst) = quant8(v, s);
+      if (c8 % 16 == 0) sx[t * (H / 128) + c8 / 16] = s;
+    }
+  }
+  sg_consumer_sync<kW>();
+  sg_stamp(p, kTrXQuant);
 
   // ---- consumers: GEMM1 ------------------------------------------------------------------
   SgRing rc;
