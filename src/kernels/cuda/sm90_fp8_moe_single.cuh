@@ -559,6 +559,15 @@ __global__ void __launch_bounds__(sg_threads(kW), 1)
         for (int i = 0; i < kSgWgKb; ++i)
 #pragma unroll
           for (int r = 0; r < 4; ++r) acc[i][r] = 0.0f;
+        // the weight block scales of this warpgroup's K blocks (warps 2 and 3: gate, up) read
+        // before the wgmma, so the slot is released as soon as the wgmma have read it
+        float sw[kSgWgKb];
+        if (wq >= 2) {
+          const float* win = reinterpret_cast<const float*>(stage);
+          const int wo = wq == 2 ? T.woff[s][0] : kSgWinBytes / 4 + T.woff[s][1];
+#pragma unroll
+          for (int i = 0; i < kSgWgKb; ++i) sw[i] = wg + 4 * i < nkb ? win[wo + wg + 4 * i] : 0.0f;
+        }
         sg_wgmma_fence();
         // every warpgroup issues all its wgmma whatever nkb (a K block past H multiplies the box's
         // zero fill by token block 0 and is never promoted): wgmma behind a branch that ptxas
@@ -574,24 +583,21 @@ __global__ void __launch_bounds__(sg_threads(kW), 1)
             sg_wgmma_n8(acc[i], da + 2 * ks, db + uint64_t(2 * ks * M), ks > 0);
         }
         sg_wgmma_commit_wait();
+        mbar_arrive(&empty[s]);
         if (wq >= 2) {
-          const float* win = reinterpret_cast<const float*>(stage);
-          const int wo = wq == 2 ? T.woff[s][0] : kSgWinBytes / 4 + T.woff[s][1];
 #pragma unroll
           for (int i = 0; i < kSgWgKb; ++i) {
             const int b = wg + 4 * i;
             if (b >= nkb) break;
             const int kb = k0 / 128 + b;
-            const float sw = win[wo + b];
             const float sa0 = tA < M ? sx[tA * (H / 128) + kb] : 0.0f;
             const float sa1 = tB < M ? sx[tB * (H / 128) + kb] : 0.0f;
-            total[0] += acc[i][0] * sa0 * sw;
-            total[1] += acc[i][1] * sa1 * sw;
-            total[2] += acc[i][2] * sa0 * sw;
-            total[3] += acc[i][3] * sa1 * sw;
+            total[0] += acc[i][0] * sa0 * sw[i];
+            total[1] += acc[i][1] * sa1 * sw[i];
+            total[2] += acc[i][2] * sa0 * sw[i];
+            total[3] += acc[i][3] * sa1 * sw[i];
           }
         }
-        mbar_arrive(&empty[s]);
       }
       // the four warpgroups' sums in order; thread (pair idx, column i) finishes h
       float* rb = red + red_buf * (kW * 32 * 4);
