@@ -46,31 +46,30 @@ int64_t act_bytes(const MoeProblem& p) {
   return round_up(std::max(x, h), 16);
 }
 
-// The ring for GEMM1 stages of kc bytes per weight row: stage size and count. GEMM1: a 4 KB header
-// (the two scale windows), then 32 rows x kc (K-block slabs of 4 KB); GEMM2: the experts' rows,
-// then kW windows. Multiples of 1024 (the 128-byte swizzle's alignment).
-int stage_bytes_for(int kc) {
-  const int64_t g2 = sg_data2_bytes(kSgWarps) + kSgWarps * kSgWinBytes;
-  return static_cast<int>(round_up(std::max<int64_t>(4096 + 32 * kc, g2), 1024));
-}
-int stages_for(const MoeProblem& p, int kc) {
-  const int64_t left = kSgMaxSmem - 1024 - sg_fixed_bytes(kSgWarps) - act_bytes(p);
-  return static_cast<int>(
-      std::min<int64_t>(kSgMaxStages, std::max<int64_t>(left, 0) / stage_bytes_for(kc)));
-}
-
-// GEMM1 bytes per weight row and stage: 32 KB of weights per stage, 8 K blocks (2 per warpgroup).
-// (The mma.sync GEMM1 of run 12 chose 1-4 KB per shape; run 13's wgmma GEMM1 beat it with 1 KB
-// stages on all 24 decode points.)
+// The ring: stages of kSgStageBytes (GEMM1 32 rows x kc1 = 1024 bytes as K-block slabs of 4 KB;
+// GEMM2 the experts' rows), 1024-aligned (the 128-byte swizzle's alignment), as many as fit after
+// the prefix (barriers, tables, reductions, y2 rows, each slot's scale windows, the guard) and
+// before the token region. kc1 = 1024: 8 K blocks per stage, 2 per warpgroup (the mma.sync GEMM1
+// of run 12 chose 1-4 KB per shape; run 13's wgmma GEMM1 beat it with 1 KB on all 24 decode
+// points).
 int kc1(const MoeProblem&) { return 1024; }
-int data_bytes(const MoeProblem&) { return sg_data2_bytes(kSgWarps); }
-int stage_bytes(const MoeProblem& p) { return stage_bytes_for(kc1(p)); }
-int stages(const MoeProblem& p) { return stages_for(p, kc1(p)); }
+int nkb2(const MoeProblem& p) { return static_cast<int>(p.I / 128); }
+int red_floats(const MoeProblem& p) { return sg_red_floats(kSgWarps, nkb2(p)); }
+int win_slot(const MoeProblem& p) { return sg_win_slot(kSgWarps, nkb2(p)); }
+int pairs(const MoeProblem& p) { return static_cast<int>(p.M * p.topk); }
+int stages(const MoeProblem& p) {
+  if (nkb2(p) < 1 || nkb2(p) > kSgWarps) return 0;
+  // + 1024: the ring starts at the first 1024-byte boundary after the prefix
+  const int64_t left = kSgMaxSmem - 1024 - act_bytes(p) -
+                       int64_t(sg_prefix_bytes(pairs(p), red_floats(p), win_slot(p), 0));
+  return static_cast<int>(
+      std::min<int64_t>(kSgMaxStages, std::max<int64_t>(left, 0) / (kSgStageBytes + win_slot(p))));
+}
 
 int smem_bytes(const MoeProblem& p) {
-  // + 1024: the ring starts at the first 1024-byte boundary of the dynamic shared memory
-  return static_cast<int>(1024 + stages(p) * int64_t(stage_bytes(p)) + act_bytes(p) +
-                          sg_fixed_bytes(kSgWarps));
+  return static_cast<int>(
+      1024 + int64_t(sg_prefix_bytes(pairs(p), red_floats(p), win_slot(p), stages(p))) +
+      stages(p) * int64_t(kSgStageBytes) + act_bytes(p));
 }
 
 bool aligned16(const void* ptr) { return (reinterpret_cast<uintptr_t>(ptr) & 15) == 0; }
@@ -181,7 +180,7 @@ std::string single_path_limit(const MoeProblem& p) {
     return "x, weights and weight scales must be 16-byte aligned";
   if ((p.E * p.w1.scale_e_stride) % 4 != 0 || (p.E * p.w2.scale_e_stride) % 4 != 0)
     return "weight scale tensors must be whole 16-byte words";
-  if (stages(p) < kSgMinStages || stages(p) * int64_t(stage_bytes(p)) < route_smem_bytes(1024))
+  if (stages(p) < kSgMinStages || stages(p) * int64_t(kSgStageBytes) < route_smem_bytes(1024))
     return "the tokens leave too little shared memory for the ring";
   return {};
 }
@@ -219,9 +218,10 @@ void run_single(const MoeProblem& p, void* workspace) {
   sp.ap = p.ap;
   sp.nstages = stages(p);
   sp.kc1 = kc1(p);
-  sp.data_bytes = data_bytes(p);
-  sp.stage_bytes = stage_bytes(p);
+  sp.stage_bytes = kSgStageBytes;
   sp.act_bytes = static_cast<int>(act_bytes(p));
+  sp.red_floats = red_floats(p);
+  sp.win_slot = win_slot(p);
   sp.hbuf = reinterpret_cast<float*>(ws + L.hbuf);
   sp.sync = reinterpret_cast<unsigned*>(ws + L.sync);
   sp.out = static_cast<uint16_t*>(p.out);

@@ -57,14 +57,32 @@ constexpr int sg_threads(int kW) { return (kW + 1) * 32; }
 constexpr int kSgMaxM = 8;
 constexpr int kSgMaxPairs = 64;  // M * topk
 constexpr int kSgMaxStages = 12;
-// A stage: GEMM1 a 4 KB header (the gate and up scale windows), then 16 gate + 16 up rows x kc1
-// bytes as K-block slabs of 4 KB (one TMA box); GEMM2 16 rows x I of <= kW / (I / 128) experts
-// (one contiguous copy each, pitch I), then kW scale windows of kSgWinBytes.
-constexpr int kSgWinBytes = 160;  // one scale window: <= 32 floats, 16-byte aligned copy
+// A stage (32 KB): GEMM1 16 gate + 16 up rows x kc1 = 1024 bytes as K-block slabs of 4 KB (one TMA
+// box); GEMM2 16 rows x I of <= kW / (I / 128) experts (one contiguous copy each, pitch I). Each
+// ring slot's scale windows (GEMM1: gate, up; GEMM2: one per expert) sit in a separate array.
+// (Run 14 and before: a 4 KB header in every stage held the windows and gave the first slab's wgmma
+// its 32 ignored tile rows; without it the ring has a stage more: 6 instead of 5 at M = 1.)
+// One scale window: <= 8 floats (a 1024-byte K stage, or I <= 1024), a 16-byte aligned copy.
+constexpr int kSgWinBytes = 48;
+constexpr int kSgStageBytes = 32768;
 constexpr int sg_data2_bytes(int kW) { return kW * 2048; }  // (kW / nkb) * 16 * 128 nkb
-// barriers, tables, reductions (two buffers), y2 rows (two buffers: GEMM2 units alternate)
-constexpr int sg_fixed_bytes(int kW) {
-  return 16 * kSgMaxStages + 4096 + 2 * kW * 32 * 16 + 2 * kSgMaxPairs * 16 * 4;
+// Before the ring, never written: the first slot's first slab's wgmma reads it as its 32 ignored
+// tile rows (every other slab's are the slab before it).
+constexpr int kSgGuardBytes = 4096;
+// Floats of one reduction buffer: GEMM1 the unit-end sums of 8 warps; GEMM2 the K blocks >= 1 of
+// the epx experts of a stage (nkb2 = I / 128, epx = kW / nkb2).
+__host__ __device__ constexpr int sg_red_floats(int kW, int nkb2) {
+  return (8 > (kW / nkb2) * (nkb2 - 1) ? 8 : (kW / nkb2) * (nkb2 - 1)) * 32 * 4;
+}
+// Bytes of one ring slot's scale windows: GEMM1 two, GEMM2 one per expert of a stage.
+__host__ __device__ constexpr int sg_win_slot(int kW, int nkb2) {
+  return (2 > kW / nkb2 ? 2 : kW / nkb2) * kSgWinBytes;
+}
+// Bytes before the ring's alignment: barriers, tables, reductions, y2 rows, windows, guard.
+__host__ __device__ constexpr uint32_t sg_prefix_bytes(int P, int red_floats, int win_slot,
+                                                       int nstages) {
+  return 16u * kSgMaxStages + 4096u + 4u * (2u * red_floats + 2u * 16u * P) +
+         static_cast<uint32_t>(nstages * win_slot) + kSgGuardBytes;
 }
 
 struct SingleParams {
@@ -86,9 +104,10 @@ struct SingleParams {
   ActParams ap;
   int nstages;
   int kc1;          // GEMM1 bytes per row and stage (1024)
-  int data_bytes;   // sg_data2_bytes(kW): the GEMM2 windows follow the data
-  int stage_bytes;  // data_bytes + kW windows, a multiple of 128
+  int stage_bytes;  // kSgStageBytes
   int act_bytes;    // shared bytes of the token region (qx + sx, or qh + sh)
+  int red_floats;   // floats of one reduction buffer (sg_red_floats)
+  int win_slot;     // bytes of one ring slot's scale windows (sg_win_slot)
   float* hbuf;      // (M * topk, I) h at each pair's sorted position
   unsigned* sync;   // [0] routed tokens, [1] CTAs past GEMM1; zero before the launch
   uint16_t* out;    // (M, H) bf16
@@ -176,7 +195,7 @@ __device__ __forceinline__ void sg_wgmma_commit_wait() {
 // K blocks per warpgroup and stage at most (kc1 = 1024: 8 K blocks over 4 warpgroups)
 constexpr int kSgWgKb = 2;
 
-// A 16-byte aligned window of <= kSgWinBytes holding the n (<= 32) floats at p, kept inside the
+// A 16-byte aligned window of <= kSgWinBytes holding the n (<= 8) floats at p, kept inside the
 // tensor [.., end) (end 16-byte aligned): bulk copies need 16-byte addresses and sizes. Returns the
 // window start; *len its bytes, *off the index of p in it.
 __device__ __forceinline__ const float* sg_window(const float* p, int n, const float* end,
@@ -288,18 +307,21 @@ __global__ void __launch_bounds__(sg_threads(kW), 1)
   extern __shared__ __align__(128) unsigned char sg_smem[];
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, t4 = lane & 3;
   const int M = p.M, H = p.H, I = p.I, topk = p.topk, P = M * topk;
-  // shared layout: ring | token region | barriers | tables | reductions | y2 rows
-  // the first 1024-byte boundary, reached by indexing the shared array (not through an integer
-  // cast) so that the compiler keeps every derived pointer in the shared window: ld/st.shared
-  // instead of generic loads and stores
-  unsigned char* ring = sg_smem + ((1024u - (smem_u32(sg_smem) & 1023u)) & 1023u);
-  unsigned char* treg = ring + p.nstages * p.stage_bytes;
-  uint64_t* full = reinterpret_cast<uint64_t*>(treg + p.act_bytes);
+  // shared layout (sg_prefix_bytes): barriers | tables | reductions (two buffers) | y2 rows (two
+  // buffers: GEMM2 units alternate) | scale windows of each slot | guard | ring (1024-aligned) |
+  // token region. Every pointer is reached by indexing the shared array (not through an integer
+  // cast) so that the compiler keeps it in the shared window: ld/st.shared, not generic accesses.
+  uint64_t* full = reinterpret_cast<uint64_t*>(sg_smem);
   uint64_t* empty = full + kSgMaxStages;
-  SgTables& T = *reinterpret_cast<SgTables*>(empty + kSgMaxStages);
-  float* red = reinterpret_cast<float*>(reinterpret_cast<unsigned char*>(&T) + 4096);
-  float* ybuf = red + 2 * kW * 32 * 4;
+  SgTables& T = *reinterpret_cast<SgTables*>(sg_smem + 16 * kSgMaxStages);
+  float* red = reinterpret_cast<float*>(sg_smem + 16 * kSgMaxStages + 4096);
+  float* ybuf = red + 2 * p.red_floats;
+  unsigned char* wins = reinterpret_cast<unsigned char*>(ybuf + 2 * P * 16);
   static_assert(sizeof(SgTables) <= 4096);
+  const uint32_t sbase = smem_u32(sg_smem);
+  const uint32_t pre = sg_prefix_bytes(P, p.red_floats, p.win_slot, p.nstages);
+  unsigned char* ring = sg_smem + (((sbase + pre + 1023u) & ~1023u) - sbase);
+  unsigned char* treg = ring + p.nstages * p.stage_bytes;
   // token region: GEMM1 qx (M rows, pitch H + 16) + sx (M x H / 128); GEMM2 qh (P rows, pitch
   // I + 16) + sh (P x I / 128)
   const int xpitch = H + 16, hpitch = I + 16;
@@ -449,15 +471,15 @@ __global__ void __launch_bounds__(sg_threads(kW), 1)
           T.woff[s][1] = ou;
         }
         unsigned char* stage = ring + s * p.stage_bytes;
-        // windows in the 4 KB header, then one box: 16 + 16 rows x kc1 (past H zero-filled and
-        // still counted)
+        // the windows into the slot's window array, one box: 16 + 16 rows x kc1 (past H zero-filled
+        // and still counted)
         arm_slot(s, 32u * p.kc1 + lg + lu);
         if (lane == 0)
-          tma_load_4d_hint(stage + 4096, &tm_w1, &full[s], 0, row0, 0, k0 / 128, pol);
+          tma_load_4d_hint(stage, &tm_w1, &full[s], 0, row0, 0, k0 / 128, pol);
         else if (lane == 16)
-          bulk_load_1d(stage, wg, lg, &full[s]);
+          bulk_load_1d(wins + s * p.win_slot, wg, lg, &full[s]);
         else if (lane == 17)
-          bulk_load_1d(stage + kSgWinBytes, wu, lu, &full[s]);
+          bulk_load_1d(wins + s * p.win_slot + kSgWinBytes, wu, lu, &full[s]);
       }
     }
     for (int k = 0; k < plan.u2_count; ++k) {
@@ -489,7 +511,7 @@ __global__ void __launch_bounds__(sg_threads(kW), 1)
           bulk_load_1d_hint(stage + lane * 16 * I,
                             p.w2.w + (int64_t(T.act[j0 + lane]) * H + n0) * I, 16u * I, &full[s],
                             pol);
-          bulk_load_1d(stage + p.data_bytes + lane * kSgWinBytes, wsrc, l, &full[s]);
+          bulk_load_1d(wins + s * p.win_slot + lane * kSgWinBytes, wsrc, l, &full[s]);
         }
       }
     }
@@ -534,7 +556,8 @@ __global__ void __launch_bounds__(sg_threads(kW), 1)
   long long wait1 = 0, wait2 = 0;
   {
     // Unit (expert, 16 columns): tile rows 32-63 of each K block are its 16 gate and 16 up rows
-    // (the box's slab; rows 0-31 read the 4 KB before it -- the header or the previous slab --
+    // (the box's slab; rows 0-31 read the 4 KB before it -- the previous slab, the previous slot's
+    // last slab, or for slot 0 the guard --
     // and nobody reads their results), so warps 2 and 3 of a warpgroup hold the gate and the up
     // sums. B: every token (N = 8, columns >= M unused). Warpgroup wg takes K blocks wg, wg + 4 of
     // each stage; its sums are promoted per K block and the four warpgroups' added in order at the
@@ -563,7 +586,7 @@ __global__ void __launch_bounds__(sg_threads(kW), 1)
         // before the wgmma, so the slot is released as soon as the wgmma have read it
         float sw[kSgWgKb];
         if (wq >= 2) {
-          const float* win = reinterpret_cast<const float*>(stage);
+          const float* win = reinterpret_cast<const float*>(wins + s * p.win_slot);
           const int wo = wq == 2 ? T.woff[s][0] : kSgWinBytes / 4 + T.woff[s][1];
 #pragma unroll
           for (int i = 0; i < kSgWgKb; ++i) sw[i] = wg + 4 * i < nkb ? win[wo + wg + 4 * i] : 0.0f;
@@ -575,7 +598,7 @@ __global__ void __launch_bounds__(sg_threads(kW), 1)
 #pragma unroll
         for (int i = 0; i < kSgWgKb; ++i) {
           const int b = wg + 4 * i;
-          const uint64_t da = sg_desc_sw128(stage + b * 4096);
+          const uint64_t da = sg_desc_sw128(stage + (b - 1) * 4096);
           const uint64_t db =
               sg_desc_interleave(qx + (b < nkb ? k0 / 128 + b : 0) * 128 * M, 16 * M);
 #pragma unroll
@@ -600,7 +623,7 @@ __global__ void __launch_bounds__(sg_threads(kW), 1)
         }
       }
       // the four warpgroups' sums in order; thread (pair idx, column i) finishes h
-      float* rb = red + red_buf * (kW * 32 * 4);
+      float* rb = red + red_buf * p.red_floats;
       red_buf ^= 1;
       if (wq >= 2) {
 #pragma unroll
@@ -687,7 +710,7 @@ __global__ void __launch_bounds__(sg_threads(kW), 1)
   int ybuf_i = 0;
   for (int k = 0; k < plan.u2_count; ++k) {
     const int n0 = (plan.u2_first + k * gridDim.x) * 16;
-    float* yb = ybuf + ybuf_i * (kSgMaxPairs * 16);
+    float* yb = ybuf + ybuf_i * (P * 16);
     ybuf_i ^= 1;
     for (int st = 0; st < plan.ns2; ++st) {
       const int s = rc.slot;
@@ -707,7 +730,7 @@ __global__ void __launch_bounds__(sg_threads(kW), 1)
         const uint8_t* bcol = g < nt ? qh + (e0 + g) * hpitch + kb * 128 : nullptr;
         float part[4];
         sg_block_mma(stage + q * 16 * I + kb * 128, I, bcol, part);
-        const float sw = reinterpret_cast<const float*>(stage + p.data_bytes +
+        const float sw = reinterpret_cast<const float*>(wins + s * p.win_slot +
                                                         q * kSgWinBytes)[T.woff[s][q] + kb];
         const float sa0 = 2 * t4 < nt ? sh[(e0 + 2 * t4) * nkb2 + kb] : 0.0f;
         const float sa1 = 2 * t4 + 1 < nt ? sh[(e0 + 2 * t4 + 1) * nkb2 + kb] : 0.0f;
@@ -720,18 +743,20 @@ __global__ void __launch_bounds__(sg_threads(kW), 1)
       if (!mine) continue;
       float v[4] = {res[0], res[1], res[2], res[3]};
       if (nkb2 > 1) {
-        float* rb = red + red_buf * (kW * 32 * 4);
+        float* rb = red + red_buf * p.red_floats;
         red_buf ^= 1;
+        // K block kb >= 1 of expert q at row q (nkb2 - 1) + kb - 1 of the buffer (sg_red_floats)
+        float* rq = rb + q * (nkb2 - 1) * 128;
         if (kb != 0) {
 #pragma unroll
-          for (int r = 0; r < 4; ++r) rb[(warp * 32 + lane) * 4 + r] = res[r];
+          for (int r = 0; r < 4; ++r) rq[((kb - 1) * 32 + lane) * 4 + r] = res[r];
         }
         sg_group_sync(q, nkb2);
         if (kb != 0) continue;
         // the expert's K blocks in order
         for (int b = 1; b < nkb2; ++b)
 #pragma unroll
-          for (int r = 0; r < 4; ++r) v[r] += rb[((warp + b) * 32 + lane) * 4 + r];
+          for (int r = 0; r < 4; ++r) v[r] += rq[((b - 1) * 32 + lane) * 4 + r];
       }
 #pragma unroll
       for (int c = 0; c < 2; ++c) {  // * router weight, rounded (y2)
