@@ -92,8 +92,10 @@ SgLayout layout(const MoeProblem& p) {
 // Diagnostics, FP8MOE_SINGLE_TRACE=1 (not while a graph is captured): every call synchronises and
 // prints, per phase of the kernel (sm90_fp8_moe_single.cuh, SgTrace), CTA 0's, the median and the
 // slowest CTA's time since the first CTA started, and the median / largest time a CTA's consumer
-// warp 0 waited for data (GEMM1, GEMM2) and its producer for free slots, in us. Allocates its
-// buffer once (debug only).
+// warp 0 waited for data (GEMM1, GEMM2) and its producer for free slots, and the time consumer
+// thread 0 spent in each part of the GEMM loops (SgTrace kTrMma1..kTrEnd2), in us. The waits and
+// parts are clock64 cycles converted at the rated clock (cudaDevAttrClockRate): where the SM runs
+// slower they read low. Allocates its buffer once (debug only).
 bool trace_wanted(cudaStream_t st) {
   static const bool env = [] {
     const char* v = std::getenv("FP8MOE_SINGLE_TRACE");
@@ -121,9 +123,10 @@ void print_trace(const MoeProblem& p, const unsigned long long* dev, int ctas) {
   unsigned long long t0 = ~0ull;
   for (int b = 0; b < ctas; ++b) t0 = std::min(t0, t[std::size_t(b) * kSgTracePoints]);
   static const char* const names[kSgTracePoints] = {
-      "start", "own-route", "xquant",     "routed",     "tables",
-      "data1", "gemm1",     "barrier",    "hquant",     "data2",
-      "gemm2", "prod-end",  "wait-full1", "wait-full2", "wait-empty"};
+      "start",      "own-route",  "xquant",     "routed", "tables", "data1",
+      "gemm1",      "barrier",    "hquant",     "data2",  "gemm2",  "prod-end",
+      "wait-full1", "wait-full2", "wait-empty", "mma1",   "rel1",   "end1",
+      "mma2",       "rel2",       "grp2",       "end2"};
   int khz = 0;
   cudaDeviceGetAttribute(&khz, cudaDevAttrClockRate, 0);
   std::fprintf(stderr,
@@ -134,7 +137,7 @@ void print_trace(const MoeProblem& p, const unsigned long long* dev, int ctas) {
                static_cast<long long>(p.I), static_cast<long long>(p.E),
                static_cast<long long>(p.topk), kc1(p), stages(p), kSgWarps, ctas);
   for (int k = 0; k < kSgTracePoints; ++k) {
-    const bool wait = k >= kTrWaitFull1;
+    const bool wait = k >= kTrWaitFull1;  // and the other cycle sums after it
     std::vector<double> us;
     for (int b = 0; b < ctas; ++b) {
       const unsigned long long v = t[std::size_t(b) * kSgTracePoints + k];

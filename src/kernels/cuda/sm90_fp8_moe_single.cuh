@@ -131,6 +131,16 @@ enum SgTrace {
   kTrWaitFull1,     // cycles consumer warp 0 waited on full barriers in GEMM1
   kTrWaitFull2,
   kTrWaitEmpty,  // cycles the producer waited on empty slots
+  // cycles consumer thread 0 spent in: GEMM1 wgmma (fence to wait), releasing slots, unit ends
+  // (reduction, activation, h store); GEMM2 block mma, releasing slots, its expert's K-block
+  // reduction and y2 rows, unit ends (CTA barrier, output rows)
+  kTrMma1,
+  kTrRel1,
+  kTrEnd1,
+  kTrMma2,
+  kTrRel2,
+  kTrGrp2,
+  kTrEnd2,
   kSgTracePoints
 };
 
@@ -151,6 +161,13 @@ __device__ __forceinline__ void sg_wait(const SingleParams& p, uint64_t* bar, ui
   const long long t = clock64();
   mbar_wait(bar, ph);
   *acc += clock64() - t;
+}
+// clock64 when tracing (else 0) and the cycles since t0 added to *acc
+__device__ __forceinline__ long long sg_clk(const SingleParams& p) {
+  return p.trace ? clock64() : 0;
+}
+__device__ __forceinline__ void sg_acc(const SingleParams& p, long long* acc, long long t0) {
+  if (p.trace) *acc += clock64() - t0;
 }
 // The kW consumer warps only (the producer warp never joins).
 template <int kW>
@@ -338,6 +355,8 @@ __global__ void __launch_bounds__(sg_threads(kW), 1)
       // accesses, so each thread's reads of the slot are ordered before the producer's rewrite
       // without relying on __syncwarp + one elected arrive (which compute-sanitizer racecheck
       // reports as a race once the ring wraps, run 13)
+      // (run 15: one elected lane per warp after __syncwarp, or one thread per warpgroup after a
+      // named barrier: faster on none of the 18 decode points; the arrivals are not the cost)
       mbar_init(&empty[i], kW * 32);
     }
     fence_barrier_init();
@@ -554,6 +573,7 @@ __global__ void __launch_bounds__(sg_threads(kW), 1)
   SgRing rc;
   int red_buf = 0;
   long long wait1 = 0, wait2 = 0;
+  long long c_mma1 = 0, c_rel1 = 0, c_end1 = 0, c_mma2 = 0, c_rel2 = 0, c_grp2 = 0, c_end2 = 0;
   {
     // Unit (expert, 16 columns): tile rows 32-63 of each K block are its 16 gate and 16 up rows
     // (the box's slab; rows 0-31 read the 4 KB before it -- the previous slab, the previous slot's
@@ -591,6 +611,7 @@ __global__ void __launch_bounds__(sg_threads(kW), 1)
 #pragma unroll
           for (int i = 0; i < kSgWgKb; ++i) sw[i] = wg + 4 * i < nkb ? win[wo + wg + 4 * i] : 0.0f;
         }
+        long long t0 = sg_clk(p);
         sg_wgmma_fence();
         // every warpgroup issues all its wgmma whatever nkb (a K block past H multiplies the box's
         // zero fill by token block 0 and is never promoted): wgmma behind a branch that ptxas
@@ -606,7 +627,10 @@ __global__ void __launch_bounds__(sg_threads(kW), 1)
             sg_wgmma_n8(acc[i], da + 2 * ks, db + uint64_t(2 * ks * M), ks > 0);
         }
         sg_wgmma_commit_wait();
+        sg_acc(p, &c_mma1, t0);
+        t0 = sg_clk(p);
         mbar_arrive(&empty[s]);
+        sg_acc(p, &c_rel1, t0);
         if (wq >= 2) {
 #pragma unroll
           for (int i = 0; i < kSgWgKb; ++i) {
@@ -623,6 +647,7 @@ __global__ void __launch_bounds__(sg_threads(kW), 1)
         }
       }
       // the four warpgroups' sums in order; thread (pair idx, column i) finishes h
+      const long long te = sg_clk(p);
       float* rb = red + red_buf * p.red_floats;
       red_buf ^= 1;
       if (wq >= 2) {
@@ -645,6 +670,7 @@ __global__ void __launch_bounds__(sg_threads(kW), 1)
         const float h = act_gated(p.ap, y_g, y_u);
         p.hbuf[int64_t(e0 + idx) * I + c0 + i] = p.h_f32 ? h : bf16_round(h);
       }
+      sg_acc(p, &c_end1, te);
     }
   }
 
@@ -722,6 +748,7 @@ __global__ void __launch_bounds__(sg_threads(kW), 1)
       int e0 = 0, nt = 0;
       sg_wait(p, &full[s], ph, &wait2);
       if (k == 0 && st == 0) sg_stamp(p, kTrFirstData2);
+      long long t0 = sg_clk(p);
       if (mine) {
         const int j = j0 + q;
         e0 = T.eoff[j];
@@ -739,8 +766,12 @@ __global__ void __launch_bounds__(sg_threads(kW), 1)
         res[2] = part[2] * sa0 * sw;
         res[3] = part[3] * sa1 * sw;
       }
+      sg_acc(p, &c_mma2, t0);
+      t0 = sg_clk(p);
       mbar_arrive(&empty[s]);
+      sg_acc(p, &c_rel2, t0);
       if (!mine) continue;
+      t0 = sg_clk(p);
       float v[4] = {res[0], res[1], res[2], res[3]};
       if (nkb2 > 1) {
         float* rb = red + red_buf * p.red_floats;
@@ -767,7 +798,9 @@ __global__ void __launch_bounds__(sg_threads(kW), 1)
         yb[pair * 16 + g] = bf16_round(v[c] * rw);
         yb[pair * 16 + g + 8] = bf16_round(v[2 + c] * rw);
       }
+      sg_acc(p, &c_grp2, t0);
     }
+    const long long te = sg_clk(p);
     sg_consumer_sync<kW>();
     // the unit's 16 output rows of every token: its local slots in slot order
     for (int i = tid; i < M * 16; i += kW * 32) {
@@ -780,11 +813,15 @@ __global__ void __launch_bounds__(sg_threads(kW), 1)
       }
       p.out[int64_t(t) * H + n0 + r] = float_to_bf16_bits(acc);
     }
+    sg_acc(p, &c_end2, te);
   }
   sg_stamp(p, kTrGemm2);
   if (p.trace && tid == 0) {
     p.trace[blockIdx.x * kSgTracePoints + kTrWaitFull1] = static_cast<unsigned long long>(wait1);
     p.trace[blockIdx.x * kSgTracePoints + kTrWaitFull2] = static_cast<unsigned long long>(wait2);
+    const long long cyc[7] = {c_mma1, c_rel1, c_end1, c_mma2, c_rel2, c_grp2, c_end2};
+    for (int i = 0; i < 7; ++i)
+      p.trace[blockIdx.x * kSgTracePoints + kTrMma1 + i] = static_cast<unsigned long long>(cyc[i]);
   }
 }
 
