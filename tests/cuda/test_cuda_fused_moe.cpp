@@ -834,6 +834,42 @@ TEST(CudaSinglePathEdges, EverySlotOnAnotherRankGivesZeros) {
     ASSERT_EQ(testing::element_as_double(r.out_host.view(), i), 0.0);
 }
 
+// Caller-supplied ids may name one expert in several slots of a token (vLLM's kernels take each
+// (token, slot) pair on its own): an expert then holds more pairs than there are tokens. Every
+// path must match the reference, which sums the pairs as given.
+TEST(CudaExactEdges, RepeatedExpertIdsInATokenAreSeparatePairs) {
+  SKIP_WITHOUT_GPU();
+  MoeTestProblem p = testing::make_problem(base_exact(3, 8, 256, 256, 4));
+  const Tensor as_generated = testing::reference_output(p);
+  // token 0: expert 3 in all four slots; token 1: 3, 3, 5, 5; token 2: four different experts
+  const int32_t ids[12] = {3, 3, 3, 3, 3, 3, 5, 5, 1, 2, 3, 4};
+  ASSERT_EQ(p.topk_ids.numel(), 12);
+  for (int i = 0; i < 12; ++i) p.topk_ids.ptr<int32_t>()[i] = ids[i];
+  const Tensor expected = testing::reference_output(p);
+  ASSERT_FALSE(testing::compare_bitwise(expected, as_generated).ok);  // the ids are used
+  int ran = 0;
+  for (Path path : kAllPaths) {
+    MoeTestProblem d = p.to(Device::cuda());
+    if (!cuda::path_limit(path, d.args()).empty()) continue;
+    SCOPED_TRACE(std::string("path ") + cuda::path_name(path));
+    const RunResult r = run_on_device(cuda::fused_impl(), p, path);
+    EXPECT_TRUE(r.canaries_ok);
+    EXPECT_TRUE(r.all_written) << r.write_message;
+    if (path == Path::kWgmma || path == Path::kGrouped) {  // as in CudaExact: a couple of ulps
+      double emax = 0;
+      for (int64_t i = 0; i < expected.numel(); ++i)
+        emax = std::max(emax, std::fabs(testing::element_as_double(expected.view(), i)));
+      const auto cmp = testing::compare_close(r.out_host, expected, emax * 0x1p-6, 0x1p-7);
+      EXPECT_TRUE(cmp.ok) << cmp.str();
+    } else {
+      const auto cmp = testing::compare_bitwise(r.out_host, expected);
+      EXPECT_TRUE(cmp.ok) << cmp.str();
+    }
+    ++ran;
+  }
+  EXPECT_GE(ran, 2);  // the single path among them on sm_90
+}
+
 // What the single path declines, each with its reason (the other paths take these).
 TEST(CudaSinglePathEdges, DeclinesWhatItCannotCompute) {
   SKIP_WITHOUT_SM90();

@@ -80,9 +80,8 @@ std::vector<int> thread_counts(Isa isa) {
   return {1};
 }
 
-// Exact mode: every level, bit for bit against the reference.
-void expect_exact(const MoeTestSpec& spec, bool w8a8) {
-  MoeTestProblem p = testing::make_problem(spec);
+// Exact mode: every level, bit for bit against the reference (on problem p, built from spec).
+void expect_exact(MoeTestProblem p, const MoeTestSpec& spec, bool w8a8) {
   const Tensor expected = testing::reference_output(p);
   const ExpertsImpl& impl = impl_of(w8a8);
   for (Isa isa : supported_isas()) {
@@ -95,6 +94,9 @@ void expect_exact(const MoeTestSpec& spec, bool w8a8) {
       ASSERT_TRUE(rep.ok) << where(impl, isa, spec, threads) << ": " << rep.str();
     }
   }
+}
+void expect_exact(const MoeTestSpec& spec, bool w8a8) {
+  expect_exact(testing::make_problem(spec), spec, w8a8);
 }
 
 // Statistical mode: within atol = rtol = 0.035 on every level; on the best level also identical
@@ -364,6 +366,26 @@ TEST(CpuExpertsExact, RoutingGeneratorsAndEdgeCases) {  // pitfalls 21, 24
     MoeTestSpec none = spec(w8a8);
     none.M = 0;
     expect_exact(none, w8a8);
+  }
+}
+
+// Caller-supplied ids may name one expert in several slots of a token (vLLM's kernels take each
+// (token, slot) pair on its own): the expert then holds more pairs than there are tokens, and
+// the reference sums the pairs as given.
+TEST(CpuExpertsExact, RepeatedExpertIdsInATokenAreSeparatePairs) {
+  for (bool w8a8 : {false, true}) {
+    MoeTestSpec s = small_spec(block_scheme(128, w8a8), 90 + w8a8);
+    s.M = 3;
+    s.topk = 4;
+    MoeTestProblem p = testing::make_problem(s);
+    const Tensor as_generated = testing::reference_output(p);
+    // token 0: expert 3 in all four slots; token 1: 3, 3, 1, 1; token 2: four different experts
+    const int32_t ids[12] = {3, 3, 3, 3, 3, 3, 1, 1, 0, 1, 2, 3};
+    ASSERT_EQ(p.topk_ids.numel(), 12);
+    for (int i = 0; i < 12; ++i) p.topk_ids.ptr<int32_t>()[i] = ids[i];
+    // the ids are what the reference computes from (else this test could not fail)
+    ASSERT_FALSE(testing::compare_bitwise(testing::reference_output(p), as_generated).ok);
+    expect_exact(p, s, w8a8);
   }
 }
 
