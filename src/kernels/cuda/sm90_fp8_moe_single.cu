@@ -123,10 +123,10 @@ void print_trace(const MoeProblem& p, const unsigned long long* dev, int ctas) {
   unsigned long long t0 = ~0ull;
   for (int b = 0; b < ctas; ++b) t0 = std::min(t0, t[std::size_t(b) * kSgTracePoints]);
   static const char* const names[kSgTracePoints] = {
-      "start",      "own-route",  "xquant",     "routed", "tables", "data1",
-      "gemm1",      "barrier",    "hquant",     "data2",  "gemm2",  "prod-end",
-      "wait-full1", "wait-full2", "wait-empty", "mma1",   "rel1",   "end1",
-      "mma2",       "rel2",       "grp2",       "end2"};
+      "start",      "own-route", "xquant",   "routed",   "tables",   "data1",      "gemm1",
+      "barrier",    "hquant",    "data2",    "gemm2",    "prod-end", "wait-full1", "wait-full2",
+      "wait-empty", "mma1",      "rel1",     "end1",     "mma2",     "rel2",       "grp2",
+      "end2",       "r-keys",    "r-groups", "r-chunks", "r-cand",   "r-slots",    "r-weights"};
   int khz = 0;
   cudaDeviceGetAttribute(&khz, cudaDevAttrClockRate, 0);
   std::fprintf(stderr,

@@ -141,7 +141,10 @@ enum SgTrace {
   kTrRel2,
   kTrGrp2,
   kTrEnd2,
-  kSgTracePoints
+  // cycles since CTA 0's own routing started, after each of its steps (route_token_block's
+  // `steps`): keys, groups, chunk counts, candidates, slots, weights
+  kTrRoute0,
+  kSgTracePoints = kTrRoute0 + 6
 };
 
 // ---- small PTX helpers -------------------------------------------------------------------------
@@ -382,7 +385,8 @@ __global__ void __launch_bounds__(sg_threads(kW), 1)
     const int t = local_route ? 0 : static_cast<int>(blockIdx.x);
     route_token_block<kOwn>(p.rp, t, p.E_global, topk, ring,
                             local_route ? T.rid : p.ids_ws + t * topk,
-                            local_route ? T.rtw : p.tw_ws + t * topk);
+                            local_route ? T.rtw : p.tw_ws + t * topk,
+                            p.trace ? p.trace + blockIdx.x * kSgTracePoints + kTrRoute0 : nullptr);
     // published: route_token_block ends with a block barrier after warp 0 wrote the ids, so one
     // fence by thread 0 publishes them
     if (!local_route && tid == 0) {

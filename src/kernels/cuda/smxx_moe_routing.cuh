@@ -164,10 +164,18 @@ __device__ inline void route_finish(const RoutingParams& rp, int topk, int lane,
 // out_ids[j], out_w[j]. Ends with __syncthreads(), so the caller may reuse the scratch. Each thread
 // reads its experts' logits and biases from global memory once, into registers (run 14: the single
 // decode path routes on the critical path of the layer).
+// Diagnostics: with `steps` (global memory) thread 0 writes the clock64 cycles since the call
+// started after each step's block barrier: [0] scores and keys (with the logit loads), [1] grouped
+// top-k, [2] chunk counts, [3] candidates, [4] slots, [5] weights.
 template <int kOwn>
 __device__ inline void route_token_block(const RoutingParams& rp, int t, int E, int topk,
-                                         unsigned char* smem, int32_t* out_ids, float* out_w) {
+                                         unsigned char* smem, int32_t* out_ids, float* out_w,
+                                         unsigned long long* steps = nullptr) {
   const int tid = threadIdx.x, nt = blockDim.x, lane = tid & 31, warp = tid >> 5;
+  const long long t_start = steps ? clock64() : 0;
+  auto step = [&](int i) {
+    if (steps && tid == 0) steps[i] = static_cast<unsigned long long>(clock64() - t_start);
+  };
   const int Ep = (E + 31) / 32 * 32;                               // chunks of 32 experts
   uint64_t* s_key = reinterpret_cast<uint64_t*>(smem);             // Ep selection orders (0: none)
   float* s_score = reinterpret_cast<float*>(smem + 8 * Ep);        // E scores
@@ -233,6 +241,7 @@ __device__ inline void route_token_block(const RoutingParams& rp, int t, int E, 
   }
   if (tid == 0) *s_chosen = 0u;
   __syncthreads();
+  step(0);
 
   // 2. grouped top-k: keep the topk_group best groups (group score: the sum of the two best keys
   // with a bias, else the best key, fmaxf-style: -inf when every key is NaN)
@@ -272,6 +281,7 @@ __device__ inline void route_token_block(const RoutingParams& rp, int t, int E, 
     }
     __syncthreads();
   }
+  step(1);
 
   // 3. top-k. An expert's slot is the number of selectable keys above its own. Counting over all
   // E keys for every expert is E^2 work (measured 364 us for 8192 tokens of E = 512), so first
@@ -292,6 +302,7 @@ __device__ inline void route_token_block(const RoutingParams& rp, int t, int E, 
     }
   }
   __syncthreads();  // every key read: the candidates go over them
+  step(2);
   uint64_t* s_cand = s_key;
   const int C = (Ep / 32) * topk;
 #pragma unroll
@@ -305,6 +316,7 @@ __device__ inline void route_token_block(const RoutingParams& rp, int t, int E, 
     }
   }
   __syncthreads();
+  step(3);
 #pragma unroll
   for (int i = 0; i < kOwn; ++i) {
     const int e = tid + i * nt;
@@ -317,6 +329,7 @@ __device__ inline void route_token_block(const RoutingParams& rp, int t, int E, 
     }
   }
   __syncthreads();
+  step(4);
 
   // 4. weights (warp 0, lane j = slot j)
   if (warp == 0) {
@@ -330,6 +343,7 @@ __device__ inline void route_token_block(const RoutingParams& rp, int t, int E, 
     route_finish(rp, topk, lane, my_id, my_s, my_logit, out_ids, out_w);
   }
   __syncthreads();
+  step(5);
 }
 
 constexpr int kRouteWarpMaxExperts = 512;
