@@ -113,6 +113,7 @@ struct SingleParams {
   uint16_t* out;    // (M, H) bf16
   // diagnostics (FP8MOE_SINGLE_TRACE): per CTA, kSgTracePoints slots (SgTrace)
   unsigned long long* trace;
+  int hold2;  // FP8MOE_SINGLE_HOLD2 (measurement opt-in): GEMM2 copies wait for GEMM1's last stage
 };
 // Trace slots: global-timer stamps (ns) of the phases, then clock64 sums (cycles) of the waits.
 enum SgTrace {
@@ -462,9 +463,13 @@ __global__ void __launch_bounds__(sg_threads(kW), 1)
     const uint64_t pol = l2_policy_evict_first();
     // next_slot waits until the slot is free (the consumers no longer read its data nor its
     // window offsets); arm_slot, after the offsets are written, announces the bytes
+    int last_s = -1;  // the last slot armed and its phase (FP8MOE_SINGLE_HOLD2)
+    uint32_t last_ph = 0;
     auto next_slot = [&]() {
       const int s = ring_pos.slot;
       const uint32_t ph = ring_pos.phase;
+      last_s = s;
+      last_ph = ph;
       if (lane == 0) sg_wait(p, &empty[s], ph ^ 1, &waited);
       __syncwarp();
       ring_pos.advance(p.nstages);
@@ -504,6 +509,13 @@ __global__ void __launch_bounds__(sg_threads(kW), 1)
         else if (lane == 17)
           bulk_load_1d(wins + s * p.win_slot + kSgWinBytes, wu, lu, &full[s]);
       }
+    }
+    // opt-in: no GEMM2 copy before this CTA's last GEMM1 stage has landed (its GEMM1 tail then
+    // does not share the bandwidth with the GEMM2 stages the freed slots would take)
+    if (p.hold2 && last_s >= 0) {
+      long long unused = 0;
+      if (lane == 0) sg_wait(p, &full[last_s], last_ph, &unused);
+      __syncwarp();
     }
     for (int k = 0; k < plan.u2_count; ++k) {
       const int n0 = (plan.u2_first + k * gridDim.x) * 16;
