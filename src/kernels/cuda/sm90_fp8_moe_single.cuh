@@ -582,6 +582,9 @@ __global__ void __launch_bounds__(sg_threads(kW), 1)
       if (c8 % 16 == 0) sx[t * (H / 128) + c8 / 16] = s;
     }
   }
+  // GEMM1's wgmma reads qx through the async proxy: each writer orders its generic stores before
+  // it, then the barrier (the PTX memory model's rule; GEMM2's mma.sync reads qh generically)
+  fence_proxy_async();
   sg_consumer_sync<kW>();
   sg_stamp(p, kTrXQuant);
 
