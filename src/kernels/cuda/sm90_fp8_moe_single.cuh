@@ -114,6 +114,8 @@ struct SingleParams {
   // diagnostics (FP8MOE_SINGLE_TRACE): per CTA, kSgTracePoints slots (SgTrace)
   unsigned long long* trace;
   int hold2;  // FP8MOE_SINGLE_HOLD2 (measurement opt-in): GEMM2 copies wait for GEMM1's last stage
+  int pace;   // FP8MOE_SINGLE_PACE (measurement opt-in): stage i is issued once stage i - pace has
+              // landed (0: off; < nstages)
 };
 // Trace slots: global-timer stamps (ns) of the phases, then clock64 sums (cycles) of the waits.
 enum SgTrace {
@@ -465,11 +467,20 @@ __global__ void __launch_bounds__(sg_threads(kW), 1)
     // window offsets); arm_slot, after the offsets are written, announces the bytes
     int last_s = -1;  // the last slot armed and its phase (FP8MOE_SINGLE_HOLD2)
     uint32_t last_ph = 0;
+    int issued = 0;  // stages armed so far (FP8MOE_SINGLE_PACE)
     auto next_slot = [&]() {
       const int s = ring_pos.slot;
       const uint32_t ph = ring_pos.phase;
       last_s = s;
       last_ph = ph;
+      // opt-in pacing: at most `pace` stages of this CTA in flight (stage b = issued - pace has
+      // landed; its slot is re-armed only by stage b + nstages > issued, so the parity is its own)
+      if (p.pace > 0 && issued >= p.pace && lane == 0) {
+        const int b = issued - p.pace;
+        long long unused = 0;
+        sg_wait(p, &full[b % p.nstages], uint32_t(b / p.nstages) & 1u, &unused);
+      }
+      ++issued;
       if (lane == 0) sg_wait(p, &empty[s], ph ^ 1, &waited);
       __syncwarp();
       ring_pos.advance(p.nstages);
