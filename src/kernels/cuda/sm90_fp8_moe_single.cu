@@ -238,6 +238,16 @@ void run_single(const MoeProblem& p, void* workspace) {
     return v ? std::atoi(v) : 0;
   }();
   sp.pace = pace > 0 && pace < sp.nstages ? pace : 0;
+  static const int xearly = [] {
+    const char* v = std::getenv("FP8MOE_SINGLE_XEARLY");
+    return v && std::strcmp(v, "1") == 0 ? 1 : 0;
+  }();
+  sp.xearly = xearly;
+  static const int tlbwarm = [] {
+    const char* v = std::getenv("FP8MOE_SINGLE_TLBWARM");
+    return v && std::strcmp(v, "1") == 0 ? 1 : 0;
+  }();
+  sp.tlbwarm = tlbwarm;
 
   // GEMM1 weights: boxes of 16 gate + 16 up rows x kc1 bytes of w13 (E * 2I rows of H bytes),
   // 128-byte swizzle
