@@ -228,26 +228,6 @@ void run_single(const MoeProblem& p, void* workspace) {
   sp.hbuf = reinterpret_cast<float*>(ws + L.hbuf);
   sp.sync = reinterpret_cast<unsigned*>(ws + L.sync);
   sp.out = static_cast<uint16_t*>(p.out);
-  static const int hold2 = [] {
-    const char* v = std::getenv("FP8MOE_SINGLE_HOLD2");
-    return v && std::strcmp(v, "1") == 0 ? 1 : 0;
-  }();
-  sp.hold2 = hold2;
-  static const int pace = [] {
-    const char* v = std::getenv("FP8MOE_SINGLE_PACE");
-    return v ? std::atoi(v) : 0;
-  }();
-  sp.pace = pace > 0 && pace < sp.nstages ? pace : 0;
-  static const int xearly = [] {
-    const char* v = std::getenv("FP8MOE_SINGLE_XEARLY");
-    return v && std::strcmp(v, "1") == 0 ? 1 : 0;
-  }();
-  sp.xearly = xearly;
-  static const int tlbwarm = [] {
-    const char* v = std::getenv("FP8MOE_SINGLE_TLBWARM");
-    return v && std::strcmp(v, "1") == 0 ? 1 : 0;
-  }();
-  sp.tlbwarm = tlbwarm;
 
   // GEMM1 weights: boxes of 16 gate + 16 up rows x kc1 bytes of w13 (E * 2I rows of H bytes),
   // 128-byte swizzle

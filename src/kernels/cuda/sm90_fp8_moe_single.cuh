@@ -113,12 +113,6 @@ struct SingleParams {
   uint16_t* out;    // (M, H) bf16
   // diagnostics (FP8MOE_SINGLE_TRACE): per CTA, kSgTracePoints slots (SgTrace)
   unsigned long long* trace;
-  int hold2;   // FP8MOE_SINGLE_HOLD2 (measurement opt-in): GEMM2 copies wait for GEMM1's last stage
-  int pace;    // FP8MOE_SINGLE_PACE (measurement opt-in): stage i is issued once stage i - pace has
-               // landed (0: off; < nstages)
-  int xearly;  // FP8MOE_SINGLE_XEARLY (measurement opt-in): x loads issued before the routing
-  int tlbwarm;  // FP8MOE_SINGLE_TLBWARM (measurement opt-in): one L2 prefetch per 2 MB of the
-                // layer's weights at the kernel start (page translations before the routing ends)
 };
 // Trace slots: global-timer stamps (ns) of the phases, then clock64 sums (cycles) of the waits.
 enum SgTrace {
@@ -371,31 +365,6 @@ __global__ void __launch_bounds__(sg_threads(kW), 1)
     fence_barrier_init();
   }
   if (warp == kW && lane == 0) tma_prefetch_desc(&tm_w1);  // long before its first use
-  // opt-in: one L2 prefetch per 2 MB page of every weight tensor of the layer, spread over the
-  // grid, so the page translations are done while the routing runs (the expert choice is not
-  // known yet; the lines are 128 bytes of 2 MB)
-  if (p.tlbwarm) {
-    const int64_t b13 = int64_t(p.E) * 2 * I * H, b2 = int64_t(p.E) * H * I;
-    const int64_t n13 = (b13 + (1 << 21) - 1) >> 21, n2 = (b2 + (1 << 21) - 1) >> 21;
-    for (int64_t gi = int64_t(blockIdx.x) * blockDim.x + tid; gi < n13 + n2;
-         gi += int64_t(gridDim.x) * blockDim.x) {
-      const uint8_t* a = gi < n13 ? p.w1.w + (gi << 21) : p.w2.w + ((gi - n13) << 21);
-      asm volatile("prefetch.global.L2 [%0];\n" ::"l"(a));
-    }
-  }
-  // opt-in: this thread's first x chunks (8 bf16 each) loaded now, quantised after the tables
-  constexpr int kXPre = 2;
-  uint4 xpre[kXPre];
-  const int x_c8n = H / 8, x_total = M * x_c8n;
-  if (p.xearly && warp < kW) {
-#pragma unroll
-    for (int r = 0; r < kXPre; ++r) {
-      const int i = tid + r * kW * 32;
-      if (i < x_total)
-        xpre[r] =
-            __ldg(reinterpret_cast<const uint4*>(p.x + int64_t(i / x_c8n) * H + (i % x_c8n) * 8));
-    }
-  }
 
   // ---- 0. routing, x quantisation, tables --------------------------------------------------
   // One token: every CTA routes it for itself (no grid-wide publication and wait: run 14); more:
@@ -493,22 +462,9 @@ __global__ void __launch_bounds__(sg_threads(kW), 1)
     const uint64_t pol = l2_policy_evict_first();
     // next_slot waits until the slot is free (the consumers no longer read its data nor its
     // window offsets); arm_slot, after the offsets are written, announces the bytes
-    int last_s = -1;  // the last slot armed and its phase (FP8MOE_SINGLE_HOLD2)
-    uint32_t last_ph = 0;
-    int issued = 0;  // stages armed so far (FP8MOE_SINGLE_PACE)
     auto next_slot = [&]() {
       const int s = ring_pos.slot;
       const uint32_t ph = ring_pos.phase;
-      last_s = s;
-      last_ph = ph;
-      // opt-in pacing: at most `pace` stages of this CTA in flight (stage b = issued - pace has
-      // landed; its slot is re-armed only by stage b + nstages > issued, so the parity is its own)
-      if (p.pace > 0 && issued >= p.pace && lane == 0) {
-        const int b = issued - p.pace;
-        long long unused = 0;
-        sg_wait(p, &full[b % p.nstages], uint32_t(b / p.nstages) & 1u, &unused);
-      }
-      ++issued;
       if (lane == 0) sg_wait(p, &empty[s], ph ^ 1, &waited);
       __syncwarp();
       ring_pos.advance(p.nstages);
@@ -548,13 +504,6 @@ __global__ void __launch_bounds__(sg_threads(kW), 1)
         else if (lane == 17)
           bulk_load_1d(wins + s * p.win_slot + kSgWinBytes, wu, lu, &full[s]);
       }
-    }
-    // opt-in: no GEMM2 copy before this CTA's last GEMM1 stage has landed (its GEMM1 tail then
-    // does not share the bandwidth with the GEMM2 stages the freed slots would take)
-    if (p.hold2 && last_s >= 0) {
-      long long unused = 0;
-      if (lane == 0) sg_wait(p, &full[last_s], last_ph, &unused);
-      __syncwarp();
     }
     for (int k = 0; k < plan.u2_count; ++k) {
       const int n0 = (plan.u2_first + k * gridDim.x) * 16;
@@ -600,28 +549,15 @@ __global__ void __launch_bounds__(sg_threads(kW), 1)
   // the producer's first stages are already in flight: the weight loads start right after the
   // tables, the x quantisation hides under their latency
   {
-    const int c8n = x_c8n, total = x_total;
-    for (int b0 = 0, r = 0; b0 < total; b0 += kW * 32, ++r) {
+    const int c8n = H / 8, total = M * c8n;
+    for (int b0 = 0; b0 < total; b0 += kW * 32) {
       const int i = b0 + tid;
       const bool ok = i < total;
       const int t = ok ? i / c8n : 0, c8 = ok ? i % c8n : 0;
       float v[8];
       float amax = 0.0f;
       if (ok) {
-        if (p.xearly && r < kXPre) {
-          uint4 q = xpre[0];
-#pragma unroll
-          for (int rr = 1; rr < kXPre; ++rr)
-            if (r == rr) q = xpre[rr];
-          const uint32_t w[4] = {q.x, q.y, q.z, q.w};
-#pragma unroll
-          for (int k = 0; k < 4; ++k) {
-            v[2 * k] = __uint_as_float(w[k] << 16);
-            v[2 * k + 1] = __uint_as_float(w[k] & 0xffff0000u);
-          }
-        } else {
-          load8<uint16_t>(p.x + int64_t(t) * H + c8 * 8, v);
-        }
+        load8<uint16_t>(p.x + int64_t(t) * H + c8 * 8, v);
 #pragma unroll
         for (int k = 0; k < 8; ++k) amax = fmaxf(amax, fabsf(v[k]));
       }
