@@ -10,6 +10,9 @@
 #   (untracked, so the device tool copies it; delete it after the call).
 # On the device, after gpu_session.sh built the new tree (build-gpu):
 #   scripts/gpu_ab.sh --run [ROUNDS] ["BENCH ARGS"]   (default 3, "--path auto --m 1,2,4,8,32")
+#   AB_BENCH=grouped: bench_cuda_grouped instead (GEMM-only rows; default args "--no-ceilings
+#   --no-layer --shape deepseek_v3_tp2,deepseek_v3_tp8 --rpe 16,64,512,2048 --layouts
+#   contig,contig_s"), summarised per (shape_gemm, rows per expert, layout).
 # Environment as for gpu_session.sh (FP8MOE_DEPS_PREFIX, FP8MOE_CUTLASS_INCLUDE); output in $OUT.
 # (Run 14's call 5 ran these commands inline.)
 set -uo pipefail
@@ -31,7 +34,13 @@ case "${1:-}" in
     ;;
   --run)
     rounds=${2:-3}
-    args=${3:---path auto --m 1,2,4,8,32}
+    target=bench_cuda_moe
+    if [ "${AB_BENCH:-}" = grouped ]; then
+      target=bench_cuda_grouped
+      args=${3:---no-ceilings --no-layer --shape deepseek_v3_tp2,deepseek_v3_tp8 --rpe 16,64,512,2048 --layouts contig,contig_s}
+    else
+      args=${3:---path auto --m 1,2,4,8,32}
+    fi
     OUT=${OUT:-$ROOT/gpu_out}
     mkdir -p "$OUT"
     X=$OUT/ab.log
@@ -53,14 +62,20 @@ case "${1:-}" in
       -DCMAKE_PREFIX_PATH="$PREFIX" -DCMAKE_INCLUDE_PATH="$PREFIX/include" \
       -DFP8MOE_CUTLASS_INCLUDE="$CUTLASS" "-DCMAKE_CXX_FLAGS=-include cstdint" \
       >"$OUT/ab_build.log" 2>&1 &&
-      cmake --build build -j "$(nproc)" --target bench_cuda_moe >>"$OUT/ab_build.log" 2>&1)
+      cmake --build build -j "$(nproc)" --target $target >>"$OUT/ab_build.log" 2>&1)
     echo "base build rc=$?" | tee -a "$X"
     for r in $(seq 1 "$rounds"); do
       for v in base new; do
-        if [ $v = base ]; then B=$BASE/build/bench/bench_cuda_moe; else B=build-gpu/bench/bench_cuda_moe; fi
+        if [ $v = base ]; then B=$BASE/build/bench/$target; else B=build-gpu/bench/$target; fi
         echo "== $v round $r" >>"$X"
-        # shellcheck disable=SC2086
-        timeout 120 "$B" $args 2>&1 | grep -A80 "== summary" | grep -E "single|grouped|stream|wgmma|generic" >>"$X"
+        if [ $target = bench_cuda_grouped ]; then
+          # "shape gemm layout rpe us ...": as "shape_gemm rpe layout us" for ab_summary.py
+          # shellcheck disable=SC2086
+          timeout 200 "$B" $args 2>&1 | awk '$2 ~ /^gemm[12]$/ && $4 ~ /^[0-9]+$/ {print $1"_"$2, $4, $3, $5}' >>"$X"
+        else
+          # shellcheck disable=SC2086
+          timeout 120 "$B" $args 2>&1 | grep -A80 "== summary" | grep -E "single|grouped|stream|wgmma|generic" >>"$X"
+        fi
       done
     done
     python3 scripts/ab_summary.py "$X" | tee "$OUT/ab_summary.txt"
