@@ -141,7 +141,7 @@ enum SgTrace {
   kTrRel2,
   kTrGrp2,
   kTrEnd2,
-  // cycles since CTA 0's own routing started, after each of its steps (route_token_block's
+  // cycles since the CTA's own routing started, after each of its steps (route_token_block's
   // `steps`): keys, groups, chunk counts, candidates, slots, weights
   kTrRoute0,
   kSgTracePoints = kTrRoute0 + 6
