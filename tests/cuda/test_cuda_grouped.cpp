@@ -306,6 +306,82 @@ INSTANTIATE_TEST_SUITE_P(TileM, CudaGroupedGemm,
                                            GemmTile{32, 0}, GemmTile{64, 0}),
                          [](const auto& info) { return tile_name(info.param); });
 
+// Long and short K: the 256 tile and the swapped kernels copy the tile's scales to shared memory in
+// chunks of 128 K blocks (K = 16384), so 1 block, exactly one chunk and 130 blocks (a reload inside
+// the K loop) must all be exact; three CTAs make one CTA run several tiles (the copy of the next
+// tile must not overwrite scales a warpgroup still reads), with scatter and row weights (the
+// epilogue's row metadata is loaded under the K loop).
+TEST(CudaGroupedGemmLongK, MoreThan128KBlocksExactBitwise) {
+  SKIP_WITHOUT_SM90();
+  std::mt19937 rng(4242);
+  const int E = 2, N = 512;
+  const int counts[E] = {20, 3};
+  for (const int K : {128, 16384, 16640}) {
+    const HostGemm g = make_weights(E, N, K, true, rng);
+    for (const GemmTile tile :
+         {GemmTile{128, 256}, GemmTile{16, 0}, GemmTile{32, 0}, GemmTile{64, 0}}) {
+      const int tm = tile.tm;
+      int num_valid = counts[0] + counts[1];
+      std::vector<int32_t> perm(num_valid);
+      for (int i = 0; i < num_valid; ++i) perm[i] = i;
+      std::shuffle(perm.begin(), perm.end(), rng);
+      std::vector<int32_t> sorted, blk;
+      std::vector<int> row_expert;
+      int next = 0;
+      for (int e = 0; e < E; ++e) {
+        const int padded = (counts[e] + tm - 1) / tm * tm;
+        for (int b = 0; b < padded / tm; ++b) blk.push_back(e);
+        for (int r = 0; r < padded; ++r) {
+          sorted.push_back(r < counts[e] ? perm[next++] : num_valid);
+          row_expert.push_back(e);
+        }
+      }
+      const int64_t rows = static_cast<int64_t>(sorted.size());
+      const std::vector<uint8_t> a = random_a(rows, K, rng);
+      const std::vector<float> as = random_scales(rows, K, rng);
+      std::vector<float> rw(num_valid);
+      for (auto& w : rw) w = (rng() % 2) ? 0.5f : 1.0f;
+      // expected output rows (scatter: row id, weighted)
+      std::vector<uint16_t> want(size_t(num_valid) * N);
+      for (int64_t pos = 0; pos < rows; ++pos) {
+        const int id = sorted[pos];
+        if (id >= num_valid) continue;
+        for (int n = 0; n < N; ++n)
+          want[size_t(id) * N + n] = host_value(g, a, as, pos, row_expert[pos], n, rw[id]);
+      }
+      const Tensor dsorted = to_device(sorted, DType::kI32), dblk = to_device(blk, DType::kI32);
+      const Tensor dmeta =
+          to_device(std::vector<int32_t>{static_cast<int32_t>(rows), 0, 0, 0}, DType::kI32);
+      const Tensor drw = to_device(rw, DType::kF32);
+      for (const int ctas : {0, 3}) {
+        SCOPED_TRACE("K " + std::to_string(K) + ", " + tile_name(tile) + ", CTAs " +
+                     (ctas ? std::to_string(ctas) : "all"));
+        cuda::GroupedGemmParams p;
+        set_tile(p, tile);
+        p.max_ctas = ctas;
+        p.N = N;
+        expect_tile_n(p, tile);
+        p.a_rows = rows;
+        p.expert_blk = static_cast<const int32_t*>(dblk.data());
+        p.num_rows_ptr = static_cast<const int32_t*>(dmeta.data());
+        p.sorted_ids = static_cast<const int32_t*>(dsorted.data());
+        p.num_valid = num_valid;
+        p.out_stride = N;
+        p.out_scatter = 1;
+        p.row_weight = static_cast<const float*>(drw.data());
+        const GemmRun r = run_gemm(p, g, a, as, num_valid, rows / tm);
+        EXPECT_TRUE(r.canaries);
+        int64_t bad = 0;
+        for (size_t i = 0; i < want.size(); ++i)
+          if (r.out[i] != want[i] && bad++ < 5)
+            ADD_FAILURE() << "row " << i / N << " n " << i % N << ": got 0x" << std::hex << r.out[i]
+                          << " want 0x" << want[i];
+        EXPECT_EQ(bad, 0);
+      }
+    }
+  }
+}
+
 // GEMM1 with the fused activation + 1x128 quantisation epilogue (fuse_act, the 256 tile with
 // paired gate/up halves), and launch_act_quant (the grouped chain's activation + quantisation in
 // one kernel) on GEMM1's bf16 output, against the two-kernel chain on the same device (GEMM1 with
@@ -944,6 +1020,15 @@ TEST(CudaGrouped, LimitsAreClearErrors) {
   s2.scheme.group_k = 64;
   MoeTestProblem d2 = testing::make_problem(s2).to(Device::cuda());
   EXPECT_NE(cuda::grouped_limit(d2.args()), "");
+  // the kernel launcher itself: K and N in whole 128-blocks (a partial block would be dropped)
+  cuda::GroupedGemmParams gp;
+  gp.a_rows = 128;
+  gp.N = 256;
+  gp.K = 200;
+  EXPECT_THROW(cuda::launch_grouped_gemm(gp, nullptr, nullptr, 256, 1, nullptr), ValueError);
+  gp.K = 256;
+  gp.N = 200;
+  EXPECT_THROW(cuda::launch_grouped_gemm(gp, nullptr, nullptr, 200, 1, nullptr), ValueError);
 }
 
 }  // namespace

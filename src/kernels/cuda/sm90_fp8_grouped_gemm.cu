@@ -89,6 +89,9 @@ void launch_swap(const GroupedGemmParams& p, const uint8_t* a, const uint8_t* b,
 void launch_grouped_gemm(const GroupedGemmParams& p, const uint8_t* a, const uint8_t* b,
                          int64_t b_rows, int64_t max_m_blocks, cudaStream_t stream) {
   if (max_m_blocks <= 0 || p.N <= 0 || p.K <= 0 || p.a_rows <= 0) return;
+  if (p.K % kGBK != 0 || p.N % kGBN != 0)
+    throw ValueError("grouped GEMM: K (" + std::to_string(p.K) + ") and N (" + std::to_string(p.N) +
+                     ") must be multiples of 128");
   if (p.fuse_act && p.tile_m != 128)
     throw ValueError("grouped GEMM: the fused activation runs on the 128-row kernel only");
   switch (p.tile_m) {

@@ -229,22 +229,31 @@ __device__ __forceinline__ void gg_masked_prefix(const GroupedGemmParams& p, int
   }
 }
 
-// Destination of tile row r (-1: not stored) and its row weight.
-__device__ __forceinline__ void gg_row_dest(const GroupedGemmParams& p, const GTile& g, int r,
-                                            int& dst, float& w) {
+// Destination of tile row r (-1: not stored) and its row weight, in two steps so that neither
+// L2 round trip sits at the epilogue's start: the sorted id of the row (issued at the tile's
+// start), then its destination and row weight (issued under the K loop, after block 0's wgmma);
+// the values are first read in the epilogue.
+__device__ __forceinline__ int gg_row_id(const GroupedGemmParams& p, const GTile& g, int r) {
+  const int pos = g.row0 + r;
+  return (!p.masked && p.sorted_ids) ? __ldg(p.sorted_ids + pos) : pos;
+}
+__device__ __forceinline__ void gg_row_finish(const GroupedGemmParams& p, const GTile& g, int r,
+                                              int id, int& dst, float& w) {
   dst = -1;
   w = 1.0f;
   if (p.masked) {
     if (r < g.rows) dst = g.row0 + r;
-  } else {
-    const int pos = g.row0 + r;
-    const int id = p.sorted_ids ? p.sorted_ids[pos] : pos;
-    if (!p.sorted_ids || id < p.num_valid) {
-      dst = p.out_scatter ? id : pos;
-      if (p.row_weight) w = p.row_weight[id];
-    }
+  } else if (!p.sorted_ids || id < p.num_valid) {
+    dst = p.out_scatter ? id : g.row0 + r;
+    if (p.row_weight) w = __ldg(p.row_weight + id);
   }
 }
+
+// Scales copied to shared memory per tile, in chunks of kGScaleKb K blocks (K = 16384 per chunk):
+// reading them there keeps global loads off the K loop's path to the promotion (a load whose
+// result ptxas moves into a uniform register right away stalls the warpgroup for an L2 round
+// trip per K block).
+constexpr int kGScaleKb = 128;
 
 // kMc = 2: clusters of two CTAs on the same m-block and adjacent n-blocks; each CTA loads half of
 // the A tile and multicasts it to both (L2 -> SM traffic per K block 24 KB instead of 32 KB).
@@ -477,7 +486,8 @@ constexpr int kG2EpiPitch = kG2EpiCols + 8;  // 144 B per staged row: conflict-f
 constexpr int kG2EpiBytes = 2 * 64 * kG2EpiPitch * 2;
 constexpr int kG2SmemBytes = 1024 + kG2Stages * kG2StageBytes + kG2EpiBytes + 2 * kG2Stages * 8 +
                              (kGroupedMaxExperts + 1) * 4 + 64;
-static_assert(kG2SmemBytes + 2 * 64 * 8 <= 227 * 1024, "n256 tile: shared memory");
+static_assert(kG2SmemBytes + 2 * 64 * 8 + 2 * 2 * 128 * 4 <= 227 * 1024,
+              "n256 tile: shared memory");
 static_assert(64 * kG2EpiPitch * 2 >= 64 * 144, "fused epilogue: q staging (64 rows x 144 B)");
 
 // GEMM1's fused epilogue (kFuse): acc[0..63] holds the gate columns and acc[64..127] the up
@@ -559,6 +569,7 @@ __global__ void __launch_bounds__(kGThreads, 1)
   int* pref = reinterpret_cast<int*>(empty + kG2Stages);
   __shared__ int s_dst[2][64];
   __shared__ float s_w[2][64];
+  __shared__ float s_bs[2][2][kGScaleKb];  // per consumer warpgroup: the halves' weight scales
 
   const int tid = threadIdx.x;
   const int wg = tid / 128, wtid = tid % 128;
@@ -629,12 +640,25 @@ __global__ void __launch_bounds__(kGThreads, 1)
         p.b_scale + int64_t(g.e) * p.b_scale_e_stride + int64_t(nb0) * p.b_scale_n_stride;
     const float* bs1 =
         p.b_scale + int64_t(g.e) * p.b_scale_e_stride + int64_t(nb1) * p.b_scale_n_stride;
+    // the epilogue's metadata of row 64 cw + wtid (wtid < 64), loaded under the K loop
+    int row_id = 0, row_dst = -1;
+    float row_w = 1.0f;
+    if (wtid < 64) row_id = gg_row_id(p, g, cw * 64 + wtid);
     float acc[128], part[64];
 #pragma unroll
     for (int i = 0; i < 128; ++i) acc[i] = 0.0f;
     float sa0 = as0 ? __ldg(as0) : 0.0f, sa1 = as1 ? __ldg(as1) : 0.0f;
-    float sb0 = __ldg(bs0), sb1 = __ldg(bs1);
+    // unrolled by two: the token scales loaded for block kb + 1 land in the other copy's
+    // registers (no move waiting on the load before the next block's wgmma)
+#pragma unroll 2
     for (int kb = 0; kb < num_kb; ++kb, ++it) {
+      const int kc = kb % kGScaleKb;
+      // a chunk of weight scales: issued here, stored after this block's wgmma issue
+      float cs0 = 0.0f, cs1 = 0.0f;
+      if (kc == 0 && wtid < num_kb - kb) {
+        cs0 = __ldg(bs0 + kb + wtid);
+        cs1 = __ldg(bs1 + kb + wtid);
+      }
       const int s = it % kG2Stages;
       const uint32_t ph = (it / kG2Stages) & 1;
       mbar_wait(&full[s], ph);
@@ -647,13 +671,21 @@ __global__ void __launch_bounds__(kGThreads, 1)
 #pragma unroll
       for (int ks = 0; ks < 4; ++ks) gg_wgmma_n128(part, da + 2 * ks, db0 + 2 * ks, ks > 0);
       gg_commit();
-      float na0 = 0.0f, na1 = 0.0f, nb0 = 0.0f, nb1 = 0.0f;
+      if (kc == 0) {
+        if (kb > 0) gg_bar(1 + cw, 128);  // the previous chunk's readers are done
+        if (wtid < kGScaleKb && wtid < num_kb - kb) {
+          s_bs[cw][0][wtid] = cs0;
+          s_bs[cw][1][wtid] = cs1;
+        }
+        if (kb == 0 && wtid < 64) gg_row_finish(p, g, cw * 64 + wtid, row_id, row_dst, row_w);
+        gg_bar(1 + cw, 128);  // the chunk's scales are in shared memory
+      }
+      float na0 = 0.0f, na1 = 0.0f;
       if (kb + 1 < num_kb) {
         na0 = as0 ? __ldg(as0 + kb + 1) : 0.0f;
         na1 = as1 ? __ldg(as1 + kb + 1) : 0.0f;
-        nb0 = __ldg(bs0 + kb + 1);
-        nb1 = __ldg(bs1 + kb + 1);
       }
+      const float sb0 = s_bs[cw][0][kc], sb1 = s_bs[cw][1][kc];
       gg_wait0();
       gg_reg_fence(part);
       {
@@ -687,19 +719,14 @@ __global__ void __launch_bounds__(kGThreads, 1)
       }
       sa0 = na0;
       sa1 = na1;
-      sb0 = nb0;
-      sb1 = nb1;
     }
 
     // ---- epilogue: four 64-column quarters through the warpgroup's staging buffer ----
     uint16_t* stage = epi + cw * (64 * kG2EpiPitch);
     gg_bar(1 + cw, 128);  // the previous tile's readers of stage / s_dst are done
     if (wtid < 64) {
-      int dst;
-      float w;
-      gg_row_dest(p, g, cw * 64 + wtid, dst, w);
-      s_dst[cw][wtid] = dst;
-      s_w[cw][wtid] = w;
+      s_dst[cw][wtid] = row_dst;
+      s_w[cw][wtid] = row_w;
     }
     gg_bar(1 + cw, 128);
     if constexpr (kFuse) {
@@ -764,9 +791,21 @@ struct SwapCfg {
   static constexpr int kTStage = kTN * kGBK;   // tokens
   static constexpr int kStageBytes = kWStage + kTStage;
   static constexpr int kEpiBytes = kTN * kGEpiPitch * 2;
-  static constexpr int kSmemBytes = 1024 + kStages * kStageBytes + kEpiBytes + 2 * kStages * 8 +
-                                    (kGroupedMaxExperts + 1) * 4 + 64;
+  static constexpr int kPrefBytes = (kGroupedMaxExperts + 1) * 4;
+  // the tile's scales, one chunk of kGScaleKb K blocks: tokens [kb][kTN], then weights [kb]
+  static constexpr int kScaleOff =
+      (kStages * kStageBytes + kEpiBytes + 2 * kStages * 8 + kPrefBytes + 15) / 16 * 16;
+  static constexpr int kScaleBytes = kGScaleKb * (kTN + 1) * 4;
+  static constexpr int kSmemBytes = 1024 + kScaleOff + kScaleBytes + 64;
 };
+static_assert(SwapCfg<64>::kSmemBytes + 2 * 64 * 8 <= 227 * 1024, "swapped tile: shared memory");
+
+// 4-byte cp.async; src_bytes = 0 writes zero.
+__device__ __forceinline__ void gg_cp_async_4(void* smem, const void* gmem, int src_bytes) {
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(smem_u32(smem)), "l"(gmem),
+               "r"(src_bytes)
+               : "memory");
+}
 
 template <int kTN>
 __device__ __forceinline__ void gg_wgmma_tn(float (&d)[kTN / 2], uint64_t da, uint64_t db,
@@ -793,6 +832,8 @@ __global__ void __launch_bounds__(kGThreads, 1)
   uint64_t* full = reinterpret_cast<uint64_t*>(smem + C::kStages * C::kStageBytes + C::kEpiBytes);
   uint64_t* empty = full + C::kStages;
   int* pref = reinterpret_cast<int*>(empty + C::kStages);
+  float* s_sa = reinterpret_cast<float*>(smem + C::kScaleOff);  // [kGScaleKb][kTN]
+  float* s_sb = s_sa + kGScaleKb * kTN;                         // [kGScaleKb]
   // destinations and row weights of the tile in the epilogue
   __shared__ int s_dst[kTN];
   __shared__ float s_w[kTN];
@@ -862,28 +903,36 @@ __global__ void __launch_bounds__(kGThreads, 1)
   const int cw = wg - 1;
   const int wr_lo = cw * 64 + warp * 16 + (lane >> 2), wr_hi = wr_lo + 8;  // weight rows
   const int q = lane & 3;
+  const int tid2 = tid - 128;  // 0..255 over both consumer warpgroups
   int it = 0;
   for (int t = blockIdx.x; t < n_tiles; t += gridDim.x) {
     const GTile g = gg_tile<kTN>(p, pref, total_m, n_tiles_n, t);
     const float* bs =
         p.b_scale + int64_t(g.e) * p.b_scale_e_stride + int64_t(g.nt) * p.b_scale_n_stride;
-    // token scales of my columns t = 8 j + 2 q + c
-    const float* asp[kTN / 4];
-#pragma unroll
-    for (int j = 0; j < kTN / 8; ++j)
-#pragma unroll
-      for (int c = 0; c < 2; ++c) {
-        const int64_t row = int64_t(g.row0) + 8 * j + 2 * q + c;
-        asp[2 * j + c] = row < p.a_rows ? p.a_scale + row * p.a_scale_stride : nullptr;
-      }
+    // the epilogue's metadata of token row wtid (warpgroup 0, wtid < kTN), loaded under the K loop
+    int row_id = 0, row_dst = -1;
+    float row_w = 1.0f;
+    if (cw == 0 && wtid < kTN) row_id = gg_row_id(p, g, wtid);
     float acc[kAcc], part[kAcc];
 #pragma unroll
     for (int i = 0; i < kAcc; ++i) acc[i] = 0.0f;
-    float sa[kTN / 4], na[kTN / 4];
-#pragma unroll
-    for (int i = 0; i < kTN / 4; ++i) sa[i] = asp[i] ? __ldg(asp[i]) : 0.0f;
-    float sb = __ldg(bs);
     for (int kb = 0; kb < num_kb; ++kb, ++it) {
+      const int kc = kb % kGScaleKb;
+      if (kc == 0) {
+        // the tile's scales of K blocks [kb, kb + n) into shared memory (cp.async, completed
+        // after this block's wgmma issue; rows past A's end read 0: never stored)
+        if (kb > 0) gg_bar(1, 256);  // the previous chunk's readers are done
+        const int n = min(kGScaleKb, num_kb - kb);
+        for (int i = tid2; i < n * kTN; i += 256) {
+          const int tr = i / n, c = i - tr * n;
+          const int64_t row = int64_t(g.row0) + tr;
+          const bool ok = row < p.a_rows;
+          gg_cp_async_4(s_sa + c * kTN + tr,
+                        ok ? p.a_scale + row * p.a_scale_stride + kb + c : p.a_scale, ok ? 4 : 0);
+        }
+        for (int i = tid2; i < n; i += 256) gg_cp_async_4(s_sb + i, bs + kb + i, 4);
+        cp_async_commit();
+      }
       const int s = it % C::kStages;
       const uint32_t ph = (it / C::kStages) & 1;
       mbar_wait(&full[s], ph);
@@ -895,13 +944,19 @@ __global__ void __launch_bounds__(kGThreads, 1)
 #pragma unroll
       for (int ks = 0; ks < 4; ++ks) gg_wgmma_tn<kTN>(part, da + 2 * ks, db + 2 * ks, ks > 0);
       gg_commit();
-      float nb = 0.0f;
+      if (kc == 0) {
+        if (kb == 0 && cw == 0 && wtid < kTN) gg_row_finish(p, g, wtid, row_id, row_dst, row_w);
+        cp_async_wait<0>();
+        gg_bar(1, 256);  // the chunk's scales are in shared memory
+      }
+      // this block's scales: my token columns 8 j + 2 q + c, the n-block's weight scale
+      const float sb = s_sb[kc];
+      float sa[kTN / 4];
 #pragma unroll
-      for (int i = 0; i < kTN / 4; ++i) na[i] = 0.0f;
-      if (kb + 1 < num_kb) {
-#pragma unroll
-        for (int i = 0; i < kTN / 4; ++i) na[i] = asp[i] ? __ldg(asp[i] + kb + 1) : 0.0f;
-        nb = __ldg(bs + kb + 1);
+      for (int j = 0; j < kTN / 8; ++j) {
+        const float2 v = *reinterpret_cast<const float2*>(s_sa + kc * kTN + 8 * j + 2 * q);
+        sa[2 * j] = v.x * sb;
+        sa[2 * j + 1] = v.y * sb;
       }
       gg_wait0();
       gg_reg_fence(part);
@@ -913,20 +968,14 @@ __global__ void __launch_bounds__(kGThreads, 1)
 #pragma unroll
           for (int c = 0; c < 2; ++c)
             acc[4 * j + 2 * h + c] =
-                fmaf(part[4 * j + 2 * h + c], sa[2 * j + c] * sb, acc[4 * j + 2 * h + c]);
-#pragma unroll
-      for (int i = 0; i < kTN / 4; ++i) sa[i] = na[i];
-      sb = nb;
+                fmaf(part[4 * j + 2 * h + c], sa[2 * j + c], acc[4 * j + 2 * h + c]);
     }
 
     // ---- epilogue (both consumer warpgroups: 256 threads) ----
     gg_bar(1, 256);  // the previous tile's readers of stage_out / s_dst / s_w are done
     if (cw == 0 && wtid < kTN) {
-      int dst;
-      float w;
-      gg_row_dest(p, g, wtid, dst, w);
-      s_dst[wtid] = dst;
-      s_w[wtid] = w;
+      s_dst[wtid] = row_dst;
+      s_w[wtid] = row_w;
     }
     gg_bar(1, 256);
     const int n0 = g.nt * kGBN;
@@ -951,7 +1000,6 @@ __global__ void __launch_bounds__(kGThreads, 1)
               float_to_bf16_bits((acc[4 * j + 2 * h + c] + bias_v[h]) * w);
       }
     gg_bar(1, 256);
-    const int tid2 = tid - 128;
     for (int i = tid2; i < kTN * 16; i += 256) {
       const int r = i >> 4, c = i & 15;
       const int dst = s_dst[r];
