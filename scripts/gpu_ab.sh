@@ -65,7 +65,11 @@ case "${1:-}" in
       cmake --build build -j "$(nproc)" --target $target >>"$OUT/ab_build.log" 2>&1)
     echo "base build rc=$?" | tee -a "$X"
     for r in $(seq 1 "$rounds"); do
-      for v in base new; do
+      # odd rounds run the base first, even rounds the new tree first (the card heats and
+      # power-caps during a run: a fixed order biases the second binary)
+      order="base new"
+      [ $((r % 2)) = 0 ] && order="new base"
+      for v in $order; do
         if [ $v = base ]; then B=$BASE/build/bench/$target; else B=build-gpu/bench/$target; fi
         echo "== $v round $r" >>"$X"
         if [ $target = bench_cuda_grouped ]; then

@@ -648,9 +648,7 @@ __global__ void __launch_bounds__(kGThreads, 1)
 #pragma unroll
     for (int i = 0; i < 128; ++i) acc[i] = 0.0f;
     float sa0 = as0 ? __ldg(as0) : 0.0f, sa1 = as1 ? __ldg(as1) : 0.0f;
-    // unrolled by two: the token scales loaded for block kb + 1 land in the other copy's
-    // registers (no move waiting on the load before the next block's wgmma)
-#pragma unroll 2
+#pragma unroll 1
     for (int kb = 0; kb < num_kb; ++kb, ++it) {
       const int kc = kb % kGScaleKb;
       // a chunk of weight scales: issued here, stored after this block's wgmma issue
