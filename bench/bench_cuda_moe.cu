@@ -9,7 +9,7 @@
 // unique expert bytes touched, TB/s on them, TFLOP/s (6 M topk N K), and the fractions of the
 // measured ceilings. Output: a table on stdout and a CSV (--csv FILE).
 //
-//   bench_cuda_moe [--quick] [--csv FILE] [--shape NAME] [--m LIST] [--path
+//   bench_cuda_moe [--quick] [--csv FILE] [--shape NAME[,NAME...]] [--m LIST] [--path
 //   auto|generic|wgmma|stream|grouped|single[,...]]   (a list measures each path that takes the
 //   problem)
 #include <cublasLt.h>
@@ -329,7 +329,9 @@ int main(int argc, char** argv) {
   std::vector<Row> rows;
   std::vector<cuda::TuningEntry> tuned;
   for (const Shape& sh : kShapes) {
-    if (!only_shape.empty() && only_shape != sh.name) continue;
+    if (!only_shape.empty() &&
+        ("," + only_shape + ",").find("," + std::string(sh.name) + ",") == std::string::npos)
+      continue;
     const int64_t E = sh.E, H = sh.K, I = sh.N, N1 = 2 * I, k = sh.topk;
     const int64_t layer_bytes = E * (N1 * H + H * I);
     const int L = static_cast<int>(std::clamp<int64_t>((int64_t(40) << 30) / layer_bytes, 2, 8));

@@ -229,10 +229,26 @@ __device__ __forceinline__ void gg_masked_prefix(const GroupedGemmParams& p, int
   }
 }
 
-// Destination of tile row r (-1: not stored) and its row weight, in two steps so that neither
-// L2 round trip sits at the epilogue's start: the sorted id of the row (issued at the tile's
-// start), then its destination and row weight (issued under the K loop, after block 0's wgmma);
-// the values are first read in the epilogue.
+// Destination of tile row r (-1: not stored) and its row weight.
+__device__ __forceinline__ void gg_row_dest(const GroupedGemmParams& p, const GTile& g, int r,
+                                            int& dst, float& w) {
+  dst = -1;
+  w = 1.0f;
+  if (p.masked) {
+    if (r < g.rows) dst = g.row0 + r;
+  } else {
+    const int pos = g.row0 + r;
+    const int id = p.sorted_ids ? p.sorted_ids[pos] : pos;
+    if (!p.sorted_ids || id < p.num_valid) {
+      dst = p.out_scatter ? id : pos;
+      if (p.row_weight) w = p.row_weight[id];
+    }
+  }
+}
+
+// The same in two steps (the swapped kernels), so that neither L2 round trip sits at the
+// epilogue's start: the sorted id of the row (issued at the tile's start), then its destination
+// and row weight (issued under the K loop, after block 0's wgmma); first read in the epilogue.
 __device__ __forceinline__ int gg_row_id(const GroupedGemmParams& p, const GTile& g, int r) {
   const int pos = g.row0 + r;
   return (!p.masked && p.sorted_ids) ? __ldg(p.sorted_ids + pos) : pos;
@@ -249,10 +265,12 @@ __device__ __forceinline__ void gg_row_finish(const GroupedGemmParams& p, const 
   }
 }
 
-// Scales copied to shared memory per tile, in chunks of kGScaleKb K blocks (K = 16384 per chunk):
-// reading them there keeps global loads off the K loop's path to the promotion (a load whose
-// result ptxas moves into a uniform register right away stalls the warpgroup for an L2 round
-// trip per K block).
+// The swapped kernels copy the tile's scales to shared memory in chunks of kGScaleKb K blocks
+// (K = 16384 per chunk), so that no global load sits on the K loop's path to the promotion (with
+// per-block __ldg of the next block's scales, the register copies at the loop's top waited an L2
+// round trip per 16 KB of weights). Measured 4-12% faster at 16-64 rows per expert (PERFORMANCE.md
+// run 17). The same copy in the 256 tile measured no faster (its loads hide under the first
+// half's wgmma), so that kernel keeps its per-block loads.
 constexpr int kGScaleKb = 128;
 
 // kMc = 2: clusters of two CTAs on the same m-block and adjacent n-blocks; each CTA loads half of
@@ -486,8 +504,7 @@ constexpr int kG2EpiPitch = kG2EpiCols + 8;  // 144 B per staged row: conflict-f
 constexpr int kG2EpiBytes = 2 * 64 * kG2EpiPitch * 2;
 constexpr int kG2SmemBytes = 1024 + kG2Stages * kG2StageBytes + kG2EpiBytes + 2 * kG2Stages * 8 +
                              (kGroupedMaxExperts + 1) * 4 + 64;
-static_assert(kG2SmemBytes + 2 * 64 * 8 + 2 * 2 * 128 * 4 <= 227 * 1024,
-              "n256 tile: shared memory");
+static_assert(kG2SmemBytes + 2 * 64 * 8 <= 227 * 1024, "n256 tile: shared memory");
 static_assert(64 * kG2EpiPitch * 2 >= 64 * 144, "fused epilogue: q staging (64 rows x 144 B)");
 
 // GEMM1's fused epilogue (kFuse): acc[0..63] holds the gate columns and acc[64..127] the up
@@ -569,7 +586,6 @@ __global__ void __launch_bounds__(kGThreads, 1)
   int* pref = reinterpret_cast<int*>(empty + kG2Stages);
   __shared__ int s_dst[2][64];
   __shared__ float s_w[2][64];
-  __shared__ float s_bs[2][2][kGScaleKb];  // per consumer warpgroup: the halves' weight scales
 
   const int tid = threadIdx.x;
   const int wg = tid / 128, wtid = tid % 128;
@@ -640,23 +656,12 @@ __global__ void __launch_bounds__(kGThreads, 1)
         p.b_scale + int64_t(g.e) * p.b_scale_e_stride + int64_t(nb0) * p.b_scale_n_stride;
     const float* bs1 =
         p.b_scale + int64_t(g.e) * p.b_scale_e_stride + int64_t(nb1) * p.b_scale_n_stride;
-    // the epilogue's metadata of row 64 cw + wtid (wtid < 64), loaded under the K loop
-    int row_id = 0, row_dst = -1;
-    float row_w = 1.0f;
-    if (wtid < 64) row_id = gg_row_id(p, g, cw * 64 + wtid);
     float acc[128], part[64];
 #pragma unroll
     for (int i = 0; i < 128; ++i) acc[i] = 0.0f;
     float sa0 = as0 ? __ldg(as0) : 0.0f, sa1 = as1 ? __ldg(as1) : 0.0f;
-#pragma unroll 1
+    float sb0 = __ldg(bs0), sb1 = __ldg(bs1);
     for (int kb = 0; kb < num_kb; ++kb, ++it) {
-      const int kc = kb % kGScaleKb;
-      // a chunk of weight scales: issued here, stored after this block's wgmma issue
-      float cs0 = 0.0f, cs1 = 0.0f;
-      if (kc == 0 && wtid < num_kb - kb) {
-        cs0 = __ldg(bs0 + kb + wtid);
-        cs1 = __ldg(bs1 + kb + wtid);
-      }
       const int s = it % kG2Stages;
       const uint32_t ph = (it / kG2Stages) & 1;
       mbar_wait(&full[s], ph);
@@ -669,21 +674,13 @@ __global__ void __launch_bounds__(kGThreads, 1)
 #pragma unroll
       for (int ks = 0; ks < 4; ++ks) gg_wgmma_n128(part, da + 2 * ks, db0 + 2 * ks, ks > 0);
       gg_commit();
-      if (kc == 0) {
-        if (kb > 0) gg_bar(1 + cw, 128);  // the previous chunk's readers are done
-        if (wtid < kGScaleKb && wtid < num_kb - kb) {
-          s_bs[cw][0][wtid] = cs0;
-          s_bs[cw][1][wtid] = cs1;
-        }
-        if (kb == 0 && wtid < 64) gg_row_finish(p, g, cw * 64 + wtid, row_id, row_dst, row_w);
-        gg_bar(1 + cw, 128);  // the chunk's scales are in shared memory
-      }
-      float na0 = 0.0f, na1 = 0.0f;
+      float na0 = 0.0f, na1 = 0.0f, nb0 = 0.0f, nb1 = 0.0f;
       if (kb + 1 < num_kb) {
         na0 = as0 ? __ldg(as0 + kb + 1) : 0.0f;
         na1 = as1 ? __ldg(as1 + kb + 1) : 0.0f;
+        nb0 = __ldg(bs0 + kb + 1);
+        nb1 = __ldg(bs1 + kb + 1);
       }
-      const float sb0 = s_bs[cw][0][kc], sb1 = s_bs[cw][1][kc];
       gg_wait0();
       gg_reg_fence(part);
       {
@@ -717,14 +714,19 @@ __global__ void __launch_bounds__(kGThreads, 1)
       }
       sa0 = na0;
       sa1 = na1;
+      sb0 = nb0;
+      sb1 = nb1;
     }
 
     // ---- epilogue: four 64-column quarters through the warpgroup's staging buffer ----
     uint16_t* stage = epi + cw * (64 * kG2EpiPitch);
     gg_bar(1 + cw, 128);  // the previous tile's readers of stage / s_dst are done
     if (wtid < 64) {
-      s_dst[cw][wtid] = row_dst;
-      s_w[cw][wtid] = row_w;
+      int dst;
+      float w;
+      gg_row_dest(p, g, cw * 64 + wtid, dst, w);
+      s_dst[cw][wtid] = dst;
+      s_w[cw][wtid] = w;
     }
     gg_bar(1 + cw, 128);
     if constexpr (kFuse) {
