@@ -266,12 +266,12 @@ __device__ __forceinline__ void gg_row_finish(const GroupedGemmParams& p, const 
 }
 
 // The swapped kernels copy the tile's scales to shared memory in chunks of kGScaleKb K blocks
-// (K = 16384 per chunk), so that no global load sits on the K loop's path to the promotion (with
+// (K = 8192 per chunk), so that no global load sits on the K loop's path to the promotion (with
 // per-block __ldg of the next block's scales, the register copies at the loop's top waited an L2
 // round trip per 16 KB of weights). Measured 4-12% faster at 16-64 rows per expert (PERFORMANCE.md
 // run 17). The same copy in the 256 tile measured no faster (its loads hide under the first
 // half's wgmma), so that kernel keeps its per-block loads.
-constexpr int kGScaleKb = 128;
+constexpr int kGScaleKb = 64;
 
 // kMc = 2: clusters of two CTAs on the same m-block and adjacent n-blocks; each CTA loads half of
 // the A tile and multicasts it to both (L2 -> SM traffic per K block 24 KB instead of 32 KB).
@@ -792,10 +792,12 @@ struct SwapCfg {
   static constexpr int kStageBytes = kWStage + kTStage;
   static constexpr int kEpiBytes = kTN * kGEpiPitch * 2;
   static constexpr int kPrefBytes = (kGroupedMaxExperts + 1) * 4;
-  // the tile's scales, one chunk of kGScaleKb K blocks: tokens [kb][kTN], then weights [kb]
+  // two scale buffers (this tile's, the next tile's), each one chunk of kGScaleKb K blocks:
+  // tokens [kb][kTN], then weights [kb]
   static constexpr int kScaleOff =
       (kStages * kStageBytes + kEpiBytes + 2 * kStages * 8 + kPrefBytes + 15) / 16 * 16;
-  static constexpr int kScaleBytes = kGScaleKb * (kTN + 1) * 4;
+  static constexpr int kScaleFloats = kGScaleKb * (kTN + 1);
+  static constexpr int kScaleBytes = 2 * kScaleFloats * 4;
   static constexpr int kSmemBytes = 1024 + kScaleOff + kScaleBytes + 64;
 };
 static_assert(SwapCfg<64>::kSmemBytes + 2 * 64 * 8 <= 227 * 1024, "swapped tile: shared memory");
@@ -832,8 +834,7 @@ __global__ void __launch_bounds__(kGThreads, 1)
   uint64_t* full = reinterpret_cast<uint64_t*>(smem + C::kStages * C::kStageBytes + C::kEpiBytes);
   uint64_t* empty = full + C::kStages;
   int* pref = reinterpret_cast<int*>(empty + C::kStages);
-  float* s_sa = reinterpret_cast<float*>(smem + C::kScaleOff);  // [kGScaleKb][kTN]
-  float* s_sb = s_sa + kGScaleKb * kTN;                         // [kGScaleKb]
+  float* s_sc = reinterpret_cast<float*>(smem + C::kScaleOff);  // two scale buffers
   // destinations and row weights of the tile in the epilogue
   __shared__ int s_dst[kTN];
   __shared__ float s_w[kTN];
@@ -904,34 +905,59 @@ __global__ void __launch_bounds__(kGThreads, 1)
   const int wr_lo = cw * 64 + warp * 16 + (lane >> 2), wr_hi = wr_lo + 8;  // weight rows
   const int q = lane & 3;
   const int tid2 = tid - 128;  // 0..255 over both consumer warpgroups
-  int it = 0;
-  for (int t = blockIdx.x; t < n_tiles; t += gridDim.x) {
-    const GTile g = gg_tile<kTN>(p, pref, total_m, n_tiles_n, t);
+  // Scales of K blocks [kb, kb + n) of tile g into buffer buf (cp.async, one commit group; rows
+  // past A's end read 0: never stored).
+  auto copy_scales = [&](const GTile& g, int kb, float* buf) {
+    const int n = min(kGScaleKb, num_kb - kb);
     const float* bs =
-        p.b_scale + int64_t(g.e) * p.b_scale_e_stride + int64_t(g.nt) * p.b_scale_n_stride;
+        p.b_scale + int64_t(g.e) * p.b_scale_e_stride + int64_t(g.nt) * p.b_scale_n_stride + kb;
+    for (int i = tid2; i < n * kTN; i += 256) {
+      const int tr = i / n, c = i - tr * n;
+      const int64_t row = int64_t(g.row0) + tr;
+      const bool ok = row < p.a_rows;
+      gg_cp_async_4(buf + c * kTN + tr,
+                    ok ? p.a_scale + row * p.a_scale_stride + kb + c : p.a_scale, ok ? 4 : 0);
+    }
+    for (int i = tid2; i < n; i += 256) gg_cp_async_4(buf + kGScaleKb * kTN + i, bs + i, 4);
+    cp_async_commit();
+  };
+  // The next tile's first scale chunk and sorted ids are fetched while this tile runs (two scale
+  // buffers by tile parity): a short-K tile (2 K blocks for DeepSeek TP8's GEMM2) would otherwise
+  // wait an L2 round trip for them before its first promotion.
+  GTile g_next{};
+  int next_row_id = 0;
+  if (static_cast<int>(blockIdx.x) < n_tiles) {
+    g_next = gg_tile<kTN>(p, pref, total_m, n_tiles_n, blockIdx.x);
+    copy_scales(g_next, 0, s_sc);
+    if (cw == 0 && wtid < kTN) next_row_id = gg_row_id(p, g_next, wtid);
+  }
+  int it = 0, tp = 0;
+  for (int t = blockIdx.x; t < n_tiles; t += gridDim.x, tp ^= 1) {
+    const GTile g = g_next;
+    float* sc = s_sc + tp * C::kScaleFloats;  // this tile's scales: tokens [kb][kTN], weights [kb]
     // the epilogue's metadata of token row wtid (warpgroup 0, wtid < kTN), loaded under the K loop
-    int row_id = 0, row_dst = -1;
+    const int row_id = next_row_id;
+    int row_dst = -1;
     float row_w = 1.0f;
-    if (cw == 0 && wtid < kTN) row_id = gg_row_id(p, g, wtid);
+    // the next tile's prefetch: its buffer was last read in the previous tile's K loop, which every
+    // consumer thread finished before that tile's epilogue barriers
+    if (t + static_cast<int>(gridDim.x) < n_tiles) {
+      g_next = gg_tile<kTN>(p, pref, total_m, n_tiles_n, t + static_cast<int>(gridDim.x));
+      copy_scales(g_next, 0, s_sc + (tp ^ 1) * C::kScaleFloats);
+      if (cw == 0 && wtid < kTN) next_row_id = gg_row_id(p, g_next, wtid);
+    } else {
+      cp_async_commit();  // an empty group: "all but the newest group" stays this tile's
+    }
     float acc[kAcc], part[kAcc];
 #pragma unroll
     for (int i = 0; i < kAcc; ++i) acc[i] = 0.0f;
     for (int kb = 0; kb < num_kb; ++kb, ++it) {
       const int kc = kb % kGScaleKb;
-      if (kc == 0) {
-        // the tile's scales of K blocks [kb, kb + n) into shared memory (cp.async, completed
-        // after this block's wgmma issue; rows past A's end read 0: never stored)
-        if (kb > 0) gg_bar(1, 256);  // the previous chunk's readers are done
-        const int n = min(kGScaleKb, num_kb - kb);
-        for (int i = tid2; i < n * kTN; i += 256) {
-          const int tr = i / n, c = i - tr * n;
-          const int64_t row = int64_t(g.row0) + tr;
-          const bool ok = row < p.a_rows;
-          gg_cp_async_4(s_sa + c * kTN + tr,
-                        ok ? p.a_scale + row * p.a_scale_stride + kb + c : p.a_scale, ok ? 4 : 0);
-        }
-        for (int i = tid2; i < n; i += 256) gg_cp_async_4(s_sb + i, bs + kb + i, 4);
-        cp_async_commit();
+      if (kc == 0 && kb > 0) {  // K > kGScaleKb blocks: the next chunk, synchronously
+        gg_bar(1, 256);         // the previous chunk's readers are done
+        copy_scales(g, kb, sc);
+        cp_async_wait<0>();
+        gg_bar(1, 256);
       }
       const int s = it % C::kStages;
       const uint32_t ph = (it / C::kStages) & 1;
@@ -944,17 +970,19 @@ __global__ void __launch_bounds__(kGThreads, 1)
 #pragma unroll
       for (int ks = 0; ks < 4; ++ks) gg_wgmma_tn<kTN>(part, da + 2 * ks, db + 2 * ks, ks > 0);
       gg_commit();
-      if (kc == 0) {
-        if (kb == 0 && cw == 0 && wtid < kTN) gg_row_finish(p, g, wtid, row_id, row_dst, row_w);
-        cp_async_wait<0>();
-        gg_bar(1, 256);  // the chunk's scales are in shared memory
+      if (kb == 0) {
+        if (cw == 0 && wtid < kTN) gg_row_finish(p, g, wtid, row_id, row_dst, row_w);
+        cp_async_wait<1>();  // this tile's first chunk (the next tile's may be in flight)
+        // the chunk is in shared memory; also: every consumer thread is past the previous tile's
+        // epilogue (its readers of stage_out / s_dst / s_w are done)
+        gg_bar(1, 256);
       }
       // this block's scales: my token columns 8 j + 2 q + c, the n-block's weight scale
-      const float sb = s_sb[kc];
+      const float sb = sc[kGScaleKb * kTN + kc];
       float sa[kTN / 4];
 #pragma unroll
       for (int j = 0; j < kTN / 8; ++j) {
-        const float2 v = *reinterpret_cast<const float2*>(s_sa + kc * kTN + 8 * j + 2 * q);
+        const float2 v = *reinterpret_cast<const float2*>(sc + kc * kTN + 8 * j + 2 * q);
         sa[2 * j] = v.x * sb;
         sa[2 * j + 1] = v.y * sb;
       }
@@ -971,8 +999,8 @@ __global__ void __launch_bounds__(kGThreads, 1)
                 fmaf(part[4 * j + 2 * h + c], sa[2 * j + c], acc[4 * j + 2 * h + c]);
     }
 
-    // ---- epilogue (both consumer warpgroups: 256 threads) ----
-    gg_bar(1, 256);  // the previous tile's readers of stage_out / s_dst / s_w are done
+    // ---- epilogue (both consumer warpgroups: 256 threads; block 0's barrier ordered it after
+    // the previous tile's) ----
     if (cw == 0 && wtid < kTN) {
       s_dst[wtid] = row_dst;
       s_w[wtid] = row_w;
