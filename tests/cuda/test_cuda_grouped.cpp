@@ -307,11 +307,12 @@ INSTANTIATE_TEST_SUITE_P(TileM, CudaGroupedGemm,
                          [](const auto& info) { return tile_name(info.param); });
 
 // Long and short K: the swapped kernels copy the tile's scales to shared memory in chunks of 64 K
-// blocks (K = 8192; the first chunk of the next tile while the current one runs, in the other of
-// two buffers), so 1 block, whole chunks (K = 16384: a reload inside the K loop) and 130 blocks (a
-// partial last chunk) must all be exact; three CTAs make one CTA run several tiles (the prefetch
-// must not overwrite scales a warpgroup still reads), with scatter and row weights (the
-// epilogue's row metadata is loaded under the K loop). The 256 tile runs the same cases.
+// blocks (32 with 64-token tiles; the first chunk of the next tile while the current one runs, in
+// the other of two buffers), so 1 block, whole chunks (K = 16384: reloads inside the K loop) and
+// 130 blocks (a partial last chunk) must all be exact; three CTAs make each consumer warpgroup run
+// several tiles (the prefetch must not overwrite scales it still reads), with scatter and row
+// weights (the epilogue's row metadata is loaded under the K loop). The 256 tile runs the same
+// cases.
 TEST(CudaGroupedGemmLongK, MoreThan128KBlocksExactBitwise) {
   SKIP_WITHOUT_SM90();
   std::mt19937 rng(4242);

@@ -265,13 +265,12 @@ __device__ __forceinline__ void gg_row_finish(const GroupedGemmParams& p, const 
   }
 }
 
-// The swapped kernels copy the tile's scales to shared memory in chunks of kGScaleKb K blocks
-// (K = 8192 per chunk), so that no global load sits on the K loop's path to the promotion (with
-// per-block __ldg of the next block's scales, the register copies at the loop's top waited an L2
-// round trip per 16 KB of weights). Measured 4-12% faster at 16-64 rows per expert (PERFORMANCE.md
-// run 17). The same copy in the 256 tile measured no faster (its loads hide under the first
-// half's wgmma), so that kernel keeps its per-block loads.
-constexpr int kGScaleKb = 64;
+// The swapped kernels copy the tile's scales to shared memory in chunks of SwapCfg::kScaleKb K
+// blocks, so that no global load sits on the K loop's path to the promotion (with per-block __ldg
+// of the next block's scales, the register copies at the loop's top waited an L2 round trip per
+// 16 KB of weights). Measured 4-12% faster at 16-64 rows per expert (PERFORMANCE.md, grouped run
+// 6). The same copy in the 256 tile measured no faster (its loads hide under the first half's
+// wgmma), so that kernel keeps its per-block loads.
 
 // kMc = 2: clusters of two CTAs on the same m-block and adjacent n-blocks; each CTA loads half of
 // the A tile and multicasts it to both (L2 -> SM traffic per K block 24 KB instead of 32 KB).
@@ -778,29 +777,45 @@ __global__ void __launch_bounds__(kGThreads, 1)
 }
 
 // ---- small rows per expert: swapped operands -------------------------------------------------
-// The weights are wgmma's M operand (two consumer warpgroups x 64 weight rows = one 128-row
-// n-block) and the tokens its N operand (kTN = 16, 32 or 64 rows per m-block), so a tile computes
-// 128 output columns for kTN tokens and no expert is padded to 128 rows: the kernel streams the
-// weights with only kTN-row padding. Same ring, promotion and scales as above; the accumulator is
-// the transpose (thread: two weight rows x kTN/8 pairs of tokens), staged transposed in shared
-// memory for 16-byte row stores.
+// The weights are wgmma's M operand (one 128-row n-block per tile: two m64 wgmmas) and the tokens
+// its N operand (kTN = 16, 32 or 64 rows per m-block), so a tile computes 128 output columns for
+// kTN tokens and no expert is padded to 128 rows: the kernel streams the weights with only kTN-row
+// padding. Same promotion and scales as above; the accumulator is the transpose (thread: weight
+// rows r, r + 8 of each 64-row half x kTN/8 pairs of tokens), staged transposed in shared memory
+// for 16-byte row stores.
+// Ping-pong: each consumer warpgroup runs its own tiles (of the CTA's tiles, warpgroup w takes
+// every other one) from its own ring, fed by its own producer thread, so one warpgroup's per-tile
+// latency (scales, metadata, epilogue) overlaps the other's K blocks: a short-K tile (DeepSeek
+// TP8's GEMM2: 2 K blocks) was bound by that serial per-tile work with both warpgroups in lockstep
+// on one tile (PERFORMANCE.md, grouped run 6). Separate rings, not one shared ring: with one ring
+// a warpgroup running ahead could wait on a stage whose previous fill (for the other warpgroup)
+// has not landed, and an mbarrier parity wait cannot tell those phases apart.
 template <int kTN>
 struct SwapCfg {
-  static constexpr int kStages = 6;
-  static constexpr int kWStage = kGBN * kGBK;  // 16 KB of weights
-  static constexpr int kTStage = kTN * kGBK;   // tokens
+  static constexpr int kStages = kTN == 64 ? 3 : 4;  // per warpgroup ring
+  static constexpr int kWStage = kGBN * kGBK;        // 16 KB of weights
+  static constexpr int kTStage = kTN * kGBK;         // tokens
   static constexpr int kStageBytes = kWStage + kTStage;
-  static constexpr int kEpiBytes = kTN * kGEpiPitch * 2;
+  static constexpr int kEpiBytes = 2 * kTN * kGEpiPitch * 2;  // one staging buffer per warpgroup
   static constexpr int kPrefBytes = (kGroupedMaxExperts + 1) * 4;
-  // two scale buffers (this tile's, the next tile's), each one chunk of kGScaleKb K blocks:
-  // tokens [kb][kTN], then weights [kb]
-  static constexpr int kScaleOff =
-      (kStages * kStageBytes + kEpiBytes + 2 * kStages * 8 + kPrefBytes + 15) / 16 * 16;
-  static constexpr int kScaleFloats = kGScaleKb * (kTN + 1);
-  static constexpr int kScaleBytes = 2 * kScaleFloats * 4;
+  static constexpr int kBarOff = 2 * kStages * kStageBytes + kEpiBytes;
+  // per warpgroup two scale buffers (this tile's, the next tile's), each one chunk of kScaleKb K
+  // blocks: tokens [kb][kTN], then weights [kb]
+  static constexpr int kScaleKb = kTN == 64 ? 32 : 64;
+  static constexpr int kScaleOff = (kBarOff + 2 * 2 * kStages * 8 + kPrefBytes + 15) / 16 * 16;
+  static constexpr int kScaleFloats = kScaleKb * (kTN + 1);
+  static constexpr int kScaleBytes = 2 * 2 * kScaleFloats * 4;
   static constexpr int kSmemBytes = 1024 + kScaleOff + kScaleBytes + 64;
 };
-static_assert(SwapCfg<64>::kSmemBytes + 2 * 64 * 8 <= 227 * 1024, "swapped tile: shared memory");
+static_assert(SwapCfg<64>::kSmemBytes + 2 * 2 * 64 * 8 <= 227 * 1024,
+              "swapped tile: shared memory");
+static_assert(SwapCfg<32>::kSmemBytes + 2 * 2 * 32 * 8 <= 227 * 1024,
+              "swapped tile: shared memory");
+static_assert(SwapCfg<16>::kSmemBytes + 2 * 2 * 16 * 8 <= 227 * 1024,
+              "swapped tile: shared memory");
+static_assert(SwapCfg<16>::kStageBytes % 1024 == 0 && SwapCfg<32>::kStageBytes % 1024 == 0 &&
+                  SwapCfg<64>::kStageBytes % 1024 == 0,
+              "swapped tile: stages on 1024-byte boundaries (128-byte swizzle)");
 
 // 4-byte cp.async; src_bytes = 0 writes zero.
 __device__ __forceinline__ void gg_cp_async_4(void* smem, const void* gmem, int src_bytes) {
@@ -827,46 +842,32 @@ __global__ void __launch_bounds__(kGThreads, 1)
                              const __grid_constant__ CUtensorMap tm_b) {
   using C = SwapCfg<kTN>;
   constexpr int kAcc = kTN / 2;
+  constexpr int kS = C::kStages;
   extern __shared__ uint8_t gg_smem_raw[];
   // the first 1024-byte boundary by indexing (not an integer cast): derived pointers stay shared
   uint8_t* smem = gg_smem_raw + ((1024u - (smem_u32(gg_smem_raw) & 1023u)) & 1023u);
-  uint16_t* stage_out = reinterpret_cast<uint16_t*>(smem + C::kStages * C::kStageBytes);
-  uint64_t* full = reinterpret_cast<uint64_t*>(smem + C::kStages * C::kStageBytes + C::kEpiBytes);
-  uint64_t* empty = full + C::kStages;
-  int* pref = reinterpret_cast<int*>(empty + C::kStages);
-  float* s_sc = reinterpret_cast<float*>(smem + C::kScaleOff);  // two scale buffers
-  // destinations and row weights of the tile in the epilogue
-  __shared__ int s_dst[kTN];
-  __shared__ float s_w[kTN];
+  uint16_t* stage_out = reinterpret_cast<uint16_t*>(smem + 2 * kS * C::kStageBytes);
+  uint64_t* full = reinterpret_cast<uint64_t*>(smem + C::kBarOff);  // [2][kS]
+  uint64_t* empty = full + 2 * kS;                                  // [2][kS]
+  int* pref = reinterpret_cast<int*>(empty + 2 * kS);
+  float* s_sc = reinterpret_cast<float*>(smem + C::kScaleOff);  // [2 warpgroups][2 buffers]
+  // destinations and row weights of each warpgroup's tile in its epilogue
+  __shared__ int s_dst[2][kTN];
+  __shared__ float s_w[2][kTN];
 
   const int tid = threadIdx.x;
   const int wg = tid / 128, wtid = tid % 128;
   const int warp = wtid / 32, lane = tid % 32;
   if (tid == 0) {
-    for (int i = 0; i < C::kStages; ++i) {
+    for (int i = 0; i < 2 * kS; ++i) {
       mbar_init(&full[i], 1);
-      mbar_init(&empty[i], 8);
+      mbar_init(&empty[i], 4);  // one arrive per warp of the ring's consumer warpgroup
     }
     fence_barrier_init();
   }
   int total_m = 0;
   if (p.masked) {
-    if (tid < 32) {
-      int carry = 0;
-      if (tid == 0) pref[0] = 0;
-      for (int base = 0; base < p.E; base += 32) {
-        const int e = base + tid;
-        const int c = e < p.E ? min(max(p.counts[e], 0), p.max_m) : 0;
-        int incl = (c + kTN - 1) / kTN;
-#pragma unroll
-        for (int o = 1; o < 32; o <<= 1) {
-          const int n = __shfl_up_sync(0xffffffffu, incl, o);
-          if (tid >= o) incl += n;
-        }
-        if (e < p.E) pref[e + 1] = carry + incl;
-        carry += __shfl_sync(0xffffffffu, incl, 31);
-      }
-    }
+    if (tid < 32) gg_masked_prefix<kTN>(p, pref, tid);
     __syncthreads();
     total_m = pref[p.E];
   } else {
@@ -876,24 +877,33 @@ __global__ void __launch_bounds__(kGThreads, 1)
   const int n_tiles_n = p.N / kGBN;
   const int n_tiles = total_m * n_tiles_n;
   const int num_kb = p.K / kGBK;
+  // warpgroup pipeline w (producer thread w, ring w, consumer warpgroup w) takes the CTA's tiles
+  // blockIdx.x + w * gridDim.x, stepping by 2 * gridDim.x
+  const int grid = static_cast<int>(gridDim.x);
 
   if (wg == 0) {
     gg_setmaxnreg_dec<40>();
-    if (wtid == 0) {
-      tma_prefetch_desc(&tm_a);
-      tma_prefetch_desc(&tm_b);
+    if (warp < 2 && lane == 0) {
+      const int w = warp;
+      if (w == 0) {
+        tma_prefetch_desc(&tm_a);
+        tma_prefetch_desc(&tm_b);
+      }
+      uint64_t* rfull = full + w * kS;
+      uint64_t* rempty = empty + w * kS;
+      uint8_t* ring = smem + w * kS * C::kStageBytes;
       int it = 0;
-      for (int t = blockIdx.x; t < n_tiles; t += gridDim.x) {
+      for (int t = static_cast<int>(blockIdx.x) + w * grid; t < n_tiles; t += 2 * grid) {
         const GTile g = gg_tile<kTN>(p, pref, total_m, n_tiles_n, t);
         const int brow = g.e * p.N + g.nt * kGBN;
         for (int kb = 0; kb < num_kb; ++kb, ++it) {
-          const int s = it % C::kStages;
-          const uint32_t ph = (it / C::kStages) & 1;
-          mbar_wait(&empty[s], ph ^ 1);
-          uint8_t* dst = smem + s * C::kStageBytes;
-          mbar_arrive_expect_tx(&full[s], C::kStageBytes);
-          tma_load_2d(dst, &tm_b, &full[s], kb * kGBK, brow);
-          tma_load_2d(dst + C::kWStage, &tm_a, &full[s], kb * kGBK, g.row0);
+          const int s = it % kS;
+          const uint32_t ph = (it / kS) & 1;
+          mbar_wait(&rempty[s], ph ^ 1);
+          uint8_t* dst = ring + s * C::kStageBytes;
+          mbar_arrive_expect_tx(&rfull[s], C::kStageBytes);
+          tma_load_2d(dst, &tm_b, &rfull[s], kb * kGBK, brow);
+          tma_load_2d(dst + C::kWStage, &tm_a, &rfull[s], kb * kGBK, g.row0);
         }
       }
     }
@@ -902,83 +912,91 @@ __global__ void __launch_bounds__(kGThreads, 1)
 
   gg_setmaxnreg_inc<232>();
   const int cw = wg - 1;
-  const int wr_lo = cw * 64 + warp * 16 + (lane >> 2), wr_hi = wr_lo + 8;  // weight rows
+  const int wr = warp * 16 + (lane >> 2);  // weight rows wr, wr + 8 of each 64-row half
   const int q = lane & 3;
-  const int tid2 = tid - 128;  // 0..255 over both consumer warpgroups
-  // Scales of K blocks [kb, kb + n) of tile g into buffer buf (cp.async, one commit group; rows
-  // past A's end read 0: never stored).
+  const int bar_id = 1 + cw;
+  uint64_t* rfull = full + cw * kS;
+  uint64_t* rempty = empty + cw * kS;
+  const uint8_t* ring = smem + cw * kS * C::kStageBytes;
+  uint16_t* my_out = stage_out + cw * kTN * kGEpiPitch;
+  float* my_sc = s_sc + cw * 2 * C::kScaleFloats;
+  // Scales of K blocks [kb, kb + n) of tile g into buffer buf (cp.async by this warpgroup, one
+  // commit group; rows past A's end read 0: never stored).
   auto copy_scales = [&](const GTile& g, int kb, float* buf) {
-    const int n = min(kGScaleKb, num_kb - kb);
+    const int n = min(C::kScaleKb, num_kb - kb);
     const float* bs =
         p.b_scale + int64_t(g.e) * p.b_scale_e_stride + int64_t(g.nt) * p.b_scale_n_stride + kb;
-    for (int i = tid2; i < n * kTN; i += 256) {
+    for (int i = wtid; i < n * kTN; i += 128) {
       const int tr = i / n, c = i - tr * n;
       const int64_t row = int64_t(g.row0) + tr;
       const bool ok = row < p.a_rows;
       gg_cp_async_4(buf + c * kTN + tr,
                     ok ? p.a_scale + row * p.a_scale_stride + kb + c : p.a_scale, ok ? 4 : 0);
     }
-    for (int i = tid2; i < n; i += 256) gg_cp_async_4(buf + kGScaleKb * kTN + i, bs + i, 4);
+    for (int i = wtid; i < n; i += 128) gg_cp_async_4(buf + C::kScaleKb * kTN + i, bs + i, 4);
     cp_async_commit();
   };
   // The next tile's first scale chunk and sorted ids are fetched while this tile runs (two scale
-  // buffers by tile parity): a short-K tile (2 K blocks for DeepSeek TP8's GEMM2) would otherwise
-  // wait an L2 round trip for them before its first promotion.
+  // buffers by tile parity): a short-K tile would otherwise wait an L2 round trip for them.
+  const int t0 = static_cast<int>(blockIdx.x) + cw * grid;
   GTile g_next{};
   int next_row_id = 0;
-  if (static_cast<int>(blockIdx.x) < n_tiles) {
-    g_next = gg_tile<kTN>(p, pref, total_m, n_tiles_n, blockIdx.x);
-    copy_scales(g_next, 0, s_sc);
-    if (cw == 0 && wtid < kTN) next_row_id = gg_row_id(p, g_next, wtid);
+  if (t0 < n_tiles) {
+    g_next = gg_tile<kTN>(p, pref, total_m, n_tiles_n, t0);
+    copy_scales(g_next, 0, my_sc);
+    if (wtid < kTN) next_row_id = gg_row_id(p, g_next, wtid);
   }
   int it = 0, tp = 0;
-  for (int t = blockIdx.x; t < n_tiles; t += gridDim.x, tp ^= 1) {
+  for (int t = t0; t < n_tiles; t += 2 * grid, tp ^= 1) {
     const GTile g = g_next;
-    float* sc = s_sc + tp * C::kScaleFloats;  // this tile's scales: tokens [kb][kTN], weights [kb]
-    // the epilogue's metadata of token row wtid (warpgroup 0, wtid < kTN), loaded under the K loop
+    float* sc = my_sc + tp * C::kScaleFloats;  // this tile's scales: tokens [kb][kTN], weights [kb]
+    // the epilogue's metadata of token row wtid (wtid < kTN), loaded under the K loop
     const int row_id = next_row_id;
     int row_dst = -1;
     float row_w = 1.0f;
-    // the next tile's prefetch: its buffer was last read in the previous tile's K loop, which every
-    // consumer thread finished before that tile's epilogue barriers
-    if (t + static_cast<int>(gridDim.x) < n_tiles) {
-      g_next = gg_tile<kTN>(p, pref, total_m, n_tiles_n, t + static_cast<int>(gridDim.x));
-      copy_scales(g_next, 0, s_sc + (tp ^ 1) * C::kScaleFloats);
-      if (cw == 0 && wtid < kTN) next_row_id = gg_row_id(p, g_next, wtid);
+    // the next tile's prefetch: its buffer was last read in this warpgroup's previous tile, which
+    // every thread of the warpgroup finished before that tile's epilogue barriers
+    if (t + 2 * grid < n_tiles) {
+      g_next = gg_tile<kTN>(p, pref, total_m, n_tiles_n, t + 2 * grid);
+      copy_scales(g_next, 0, my_sc + (tp ^ 1) * C::kScaleFloats);
+      if (wtid < kTN) next_row_id = gg_row_id(p, g_next, wtid);
     } else {
       cp_async_commit();  // an empty group: "all but the newest group" stays this tile's
     }
-    float acc[kAcc], part[kAcc];
+    float acc0[kAcc], acc1[kAcc], part0[kAcc], part1[kAcc];
 #pragma unroll
-    for (int i = 0; i < kAcc; ++i) acc[i] = 0.0f;
+    for (int i = 0; i < kAcc; ++i) acc0[i] = acc1[i] = 0.0f;
     for (int kb = 0; kb < num_kb; ++kb, ++it) {
-      const int kc = kb % kGScaleKb;
-      if (kc == 0 && kb > 0) {  // K > kGScaleKb blocks: the next chunk, synchronously
-        gg_bar(1, 256);         // the previous chunk's readers are done
+      const int kc = kb % C::kScaleKb;
+      if (kc == 0 && kb > 0) {  // K > kScaleKb blocks: the next chunk, synchronously
+        gg_bar(bar_id, 128);    // the previous chunk's readers are done
         copy_scales(g, kb, sc);
         cp_async_wait<0>();
-        gg_bar(1, 256);
+        gg_bar(bar_id, 128);
       }
-      const int s = it % C::kStages;
-      const uint32_t ph = (it / C::kStages) & 1;
-      mbar_wait(&full[s], ph);
-      const uint8_t* w_s = smem + s * C::kStageBytes + cw * (64 * kGBK);
-      const uint8_t* t_s = smem + s * C::kStageBytes + C::kWStage;
-      const uint64_t da = gg_desc(w_s), db = gg_desc(t_s);
-      gg_reg_fence(part);
+      const int s = it % kS;
+      const uint32_t ph = (it / kS) & 1;
+      mbar_wait(&rfull[s], ph);
+      const uint8_t* w_s = ring + s * C::kStageBytes;
+      const uint64_t da0 = gg_desc(w_s), da1 = gg_desc(w_s + 64 * kGBK);
+      const uint64_t db = gg_desc(w_s + C::kWStage);
+      gg_reg_fence(part0);
+      gg_reg_fence(part1);
       gg_fence();
 #pragma unroll
-      for (int ks = 0; ks < 4; ++ks) gg_wgmma_tn<kTN>(part, da + 2 * ks, db + 2 * ks, ks > 0);
+      for (int ks = 0; ks < 4; ++ks) gg_wgmma_tn<kTN>(part0, da0 + 2 * ks, db + 2 * ks, ks > 0);
+#pragma unroll
+      for (int ks = 0; ks < 4; ++ks) gg_wgmma_tn<kTN>(part1, da1 + 2 * ks, db + 2 * ks, ks > 0);
       gg_commit();
       if (kb == 0) {
-        if (cw == 0 && wtid < kTN) gg_row_finish(p, g, wtid, row_id, row_dst, row_w);
+        if (wtid < kTN) gg_row_finish(p, g, wtid, row_id, row_dst, row_w);
         cp_async_wait<1>();  // this tile's first chunk (the next tile's may be in flight)
-        // the chunk is in shared memory; also: every consumer thread is past the previous tile's
-        // epilogue (its readers of stage_out / s_dst / s_w are done)
-        gg_bar(1, 256);
+        // the chunk is in shared memory; also: every thread of the warpgroup is past its previous
+        // tile's epilogue (the readers of my_out / s_dst / s_w are done)
+        gg_bar(bar_id, 128);
       }
       // this block's scales: my token columns 8 j + 2 q + c, the n-block's weight scale
-      const float sb = sc[kGScaleKb * kTN + kc];
+      const float sb = sc[C::kScaleKb * kTN + kc];
       float sa[kTN / 4];
 #pragma unroll
       for (int j = 0; j < kTN / 8; ++j) {
@@ -987,31 +1005,34 @@ __global__ void __launch_bounds__(kGThreads, 1)
         sa[2 * j + 1] = v.y * sb;
       }
       gg_wait0();
-      gg_reg_fence(part);
-      if (lane == 0) mbar_arrive(&empty[s]);
+      gg_reg_fence(part0);
+      gg_reg_fence(part1);
+      if (lane == 0) mbar_arrive(&rempty[s]);
 #pragma unroll
       for (int j = 0; j < kTN / 8; ++j)
 #pragma unroll
         for (int h = 0; h < 2; ++h)
 #pragma unroll
-          for (int c = 0; c < 2; ++c)
-            acc[4 * j + 2 * h + c] =
-                fmaf(part[4 * j + 2 * h + c], sa[2 * j + c], acc[4 * j + 2 * h + c]);
+          for (int c = 0; c < 2; ++c) {
+            acc0[4 * j + 2 * h + c] =
+                fmaf(part0[4 * j + 2 * h + c], sa[2 * j + c], acc0[4 * j + 2 * h + c]);
+            acc1[4 * j + 2 * h + c] =
+                fmaf(part1[4 * j + 2 * h + c], sa[2 * j + c], acc1[4 * j + 2 * h + c]);
+          }
     }
 
-    // ---- epilogue (both consumer warpgroups: 256 threads; block 0's barrier ordered it after
-    // the previous tile's) ----
-    if (cw == 0 && wtid < kTN) {
-      s_dst[wtid] = row_dst;
-      s_w[wtid] = row_w;
+    // ---- epilogue (this warpgroup; block 0's barrier ordered it after its previous tile's) ----
+    if (wtid < kTN) {
+      s_dst[cw][wtid] = row_dst;
+      s_w[cw][wtid] = row_w;
     }
-    gg_bar(1, 256);
+    gg_bar(bar_id, 128);
     const int n0 = g.nt * kGBN;
-    float bias_v[2] = {0.0f, 0.0f};
+    float bias_v[4] = {0.0f, 0.0f, 0.0f, 0.0f};  // weight rows wr, wr + 8, 64 + wr, 72 + wr
     if (p.bias) {
 #pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        const int64_t bi = int64_t(g.e) * p.N + n0 + (h ? wr_hi : wr_lo);
+      for (int h = 0; h < 4; ++h) {
+        const int64_t bi = int64_t(g.e) * p.N + n0 + 64 * (h >> 1) + wr + 8 * (h & 1);
         bias_v[h] = p.bias_bf16 ? bf16_bits_to_float(static_cast<const uint16_t*>(p.bias)[bi])
                                 : static_cast<const float*>(p.bias)[bi];
       }
@@ -1021,19 +1042,23 @@ __global__ void __launch_bounds__(kGThreads, 1)
 #pragma unroll
       for (int c = 0; c < 2; ++c) {
         const int tok = 8 * j + 2 * q + c;
-        const float w = s_w[tok];
+        const float w = s_w[cw][tok];
 #pragma unroll
-        for (int h = 0; h < 2; ++h)
-          stage_out[tok * kGEpiPitch + (h ? wr_hi : wr_lo)] =
-              float_to_bf16_bits((acc[4 * j + 2 * h + c] + bias_v[h]) * w);
+        for (int h = 0; h < 2; ++h) {
+          my_out[tok * kGEpiPitch + wr + 8 * h] =
+              float_to_bf16_bits((acc0[4 * j + 2 * h + c] + bias_v[h]) * w);
+          my_out[tok * kGEpiPitch + 64 + wr + 8 * h] =
+              float_to_bf16_bits((acc1[4 * j + 2 * h + c] + bias_v[2 + h]) * w);
+        }
       }
-    gg_bar(1, 256);
-    for (int i = tid2; i < kTN * 16; i += 256) {
+    gg_bar(bar_id, 128);
+    // kTN rows x 256 bytes: 16 lanes per row
+    for (int i = wtid; i < kTN * 16; i += 128) {
       const int r = i >> 4, c = i & 15;
-      const int dst = s_dst[r];
+      const int dst = s_dst[cw][r];
       if (dst < 0) continue;
       *reinterpret_cast<uint4*>(p.out + int64_t(dst) * p.out_stride + n0 + c * 8) =
-          *reinterpret_cast<const uint4*>(stage_out + r * kGEpiPitch + c * 8);
+          *reinterpret_cast<const uint4*>(my_out + r * kGEpiPitch + c * 8);
     }
   }
 }
