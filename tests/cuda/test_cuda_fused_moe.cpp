@@ -223,6 +223,12 @@ std::vector<ExactCase> exact_cases() {
     s.scheme.act = ActQuantKind::kPerTensorDynamic;
     add("per_tensor_dynamic", s);
   }
+  {  // TT with one weight scale per expert (the grouped path takes it; shard scales it does not)
+    auto s = base_exact(9, 8, 256, 256, 2);
+    s.scheme.weight = WeightScaleKind::kPerTensor;
+    s.scheme.act = ActQuantKind::kPerTensorStatic;
+    add("per_tensor_static_one_scale", s);
+  }
   {  // TTok
     auto s = base_exact(9, 8, 256, 128, 2);
     s.scheme.weight = WeightScaleKind::kPerTensor;
@@ -485,6 +491,24 @@ std::vector<StatCase> stat_cases() {
     c.spec.scheme.act = ActQuantKind::kPerTokenDynamic;
     v.push_back(c);
   }
+  {  // per-tensor at M >= 128 (auto: the grouped path; 128 rows per expert: the 128-row kernel)
+    StatCase c;
+    c.name = "per_tensor_static_M256";
+    c.spec = base_stat(256, 4, 1024, 1024, 2, 5);
+    c.spec.scheme.weight = WeightScaleKind::kPerTensor;
+    c.spec.scheme.act = ActQuantKind::kPerTensorStatic;
+    c.spec.routing_config.method = RoutingMethodType::kRenormalize;
+    c.sample_tokens = 64;
+    v.push_back(c);
+  }
+  {  // per-token activations, per-tensor weights, a few rows per expert (the swapped kernels)
+    StatCase c;
+    c.name = "per_token_M24";
+    c.spec = base_stat(24, 8, 512, 384, 2, 6);
+    c.spec.scheme.weight = WeightScaleKind::kPerTensor;
+    c.spec.scheme.act = ActQuantKind::kPerTokenDynamic;
+    v.push_back(c);
+  }
   {  // Mixtral per-tensor (TT), small E already
     StatCase c;
     c.name = "mixtral_tp2_per_tensor_M8";
@@ -711,6 +735,40 @@ TEST(CudaStreamPath, AutoChoosesSingleStreamOrGroupedForSmallBatches) {
     // the tools' explanation names the same path and the rule that chose it
     const std::string how = cuda::fused_impl().describe_call(d.args());
     EXPECT_EQ(how.rfind(std::string(cuda::path_name(want)) + " path (auto: ", 0), 0u) << how;
+  }
+}
+
+// Per-tensor / per-token schemes: auto takes the grouped path from 128 tokens (where the wgmma
+// path ran before; measured on the H200, PERFORMANCE.md run 17) when the grouped GEMMs take the
+// scheme (sm_90, one weight scale per expert, H and I in 128-blocks); below that the stream path.
+// Shard scales (two per expert) keep the grouped path out.
+TEST(CudaStreamPath, AutoChoosesGroupedForPerTensorFrom128Tokens) {
+  SKIP_WITHOUT_GPU();
+  for (const int64_t M : {int64_t{32}, int64_t{128}}) {
+    for (const bool shards : {false, true}) {
+      MoeTestSpec s = base_stat(M, 4, 256, 256, 2, 4);
+      s.scheme.weight = WeightScaleKind::kPerTensor;
+      s.scheme.act = ActQuantKind::kPerTensorStatic;
+      s.w13_shard_scales = shards;
+      const MoeTestProblem p = testing::make_problem(s);
+      MoeTestProblem d = p.to(Device::cuda());
+      const std::string limit = cuda::path_limit(Path::kGrouped, d.args());
+      if (shards) {
+        EXPECT_NE(limit, "") << "two weight scales per expert";
+      }
+      const bool sm90 = cuda::device_capability() == 90 && cuda::kernels_available();
+      if (sm90 && !shards) {
+        EXPECT_EQ(limit, "");
+      }
+      const Path got = cuda::choose_path(d.args());
+      if (M >= 128 && limit.empty()) {
+        EXPECT_EQ(got, Path::kGrouped) << "M=" << M;
+        const std::string how = cuda::fused_impl().describe_call(d.args());
+        EXPECT_NE(how.find("per-tensor / per-token scales"), std::string::npos) << how;
+      } else {
+        EXPECT_NE(got, Path::kGrouped) << "M=" << M << " shards " << shards;
+      }
+    }
   }
 }
 

@@ -95,7 +95,16 @@ std::string grouped_path_limit(const MoeProblem& p) {
 // shape the single path does not take (above), and for one token with a large intermediate (run
 // 12: DeepSeek-V3 TP2 72 vs 90 us on the stream path; where the single path declines, e.g. I >
 // 1024).
-bool grouped_path_preferred(const MoeProblem& p) { return p.M >= 2 || p.I > 512; }
+// Per-tensor / per-token scales (the block-FP8 rule above was measured on block schemes): from
+// 128 tokens, where it replaces the wgmma path (Mixtral-8x7B TP2 per-tensor, PERFORMANCE.md run 17:
+// measured in the same call as the wgmma and stream paths).
+bool block_scheme(const MoeProblem& p) {
+  return p.w1.scale_kind == static_cast<int>(WScale::kBlock) && p.aq1 == AQuant::kGroupDynamic;
+}
+bool grouped_path_preferred(const MoeProblem& p) {
+  if (!block_scheme(p)) return p.M >= 128;
+  return p.M >= 2 || p.I > 512;
+}
 }  // namespace
 
 std::string path_limit(Path p, const FusedMoeArgs& args) {
@@ -168,8 +177,13 @@ Path choose(const MoeProblem& p, std::string* why = nullptr) {
   const std::string grouped_why = grouped_path_limit(p);
   if (grouped_path_preferred(p) && grouped_why.empty()) {
     if (why)
-      *why = p.M >= 2 ? fmt::format("auto: M = {} >= 2 and the grouped GEMMs take it", p.M)
-                      : "auto: one token, intermediate > 512 and the grouped GEMMs take it";
+      *why = !block_scheme(p)
+                 ? fmt::format(
+                       "auto: M = {} >= 128 (per-tensor / per-token scales) and the grouped GEMMs "
+                       "take it",
+                       p.M)
+             : p.M >= 2 ? fmt::format("auto: M = {} >= 2 and the grouped GEMMs take it", p.M)
+                        : "auto: one token, intermediate > 512 and the grouped GEMMs take it";
     return Path::kGrouped;
   }
   auto not_grouped = [&] {

@@ -62,12 +62,32 @@ bool fuse_act_wanted(int64_t bm) {
 // 1 x 128 quantisation of h into qh / sh in one kernel (launch_act_quant: h is never written;
 // bitwise what launch_activation + launch_quant give, h rounded to bf16 or kept f32 for the fused
 // SiLU+quant semantics). Measured faster than the two kernels on the H200 (docs/PERFORMANCE.md).
+// Per-token / per-tensor scales of h (the cuda_fused grouped path): launch_activation into h
+// (workspace, keeps_h) and launch_quant with the scheme's kind, as the generic path does.
 void act_then_quant(const MoeProblem& p, const void* y1, const RowSet& rows, unsigned* amax,
-                    uint8_t* qh, float* sh, cudaStream_t st) {
-  launch_act_quant(static_cast<const uint16_t*>(y1), p.N1, rows, static_cast<int>(p.I), p.ap,
-                   p.fused_silu_quant, group_quant(p, true, amax), QuantOut{qh, p.I, sh, p.I / 128},
-                   st);
+                    uint8_t* qh, float* sh, uint8_t* h, cudaStream_t st) {
+  if (p.aq2 == AQuant::kGroupDynamic) {
+    launch_act_quant(static_cast<const uint16_t*>(y1), p.N1, rows, static_cast<int>(p.I), p.ap,
+                     p.fused_silu_quant, group_quant(p, true, amax),
+                     QuantOut{qh, p.I, sh, p.I / 128}, st);
+    return;
+  }
+  if (!h) throw ValueError("cuda_grouped: no h buffer for per-token / per-tensor scales");
+  const bool h_f32 = p.fused_silu_quant;
+  launch_activation(y1, false, p.N1, rows, static_cast<int>(p.I), p.ap, h, h_f32, p.I, st);
+  QuantSpec q;
+  q.kind = p.aq2;
+  q.gk = p.gk;
+  q.ue8m0 = p.ue8m0;
+  q.min_scale = p.fused_silu_quant ? 1.0f / (kFp8Max * 512.0f) : 0.0f;
+  q.static_scale = p.a2_scale;
+  q.amax_ws = amax;
+  launch_quant(q, h, h_f32, p.I, rows, RowScale{}, static_cast<int>(p.I),
+               QuantOut{qh, p.I, sh, p.a_scale_cols(p.I, p.aq2)}, st);
 }
+
+// The grouped path keeps an h buffer in its workspace only for per-token / per-tensor h scales.
+bool keeps_h(const MoeProblem& p) { return p.aq2 != AQuant::kGroupDynamic; }
 
 // GEMM1's fused epilogue: the same activation and quantisation as launch_activation + launch_quant
 // with group_quant(p, true, .) would apply (h kept f32 for the fused SiLU+quant semantics).
@@ -84,14 +104,28 @@ void set_fused_act(GroupedGemmParams& g, const MoeProblem& p, uint8_t* qh, float
   g.q_scale_stride = p.I / 128;
 }
 
-std::string limit_of(const MoeProblem& p) {
+// contract: the DEEPGEMM contract (cuda_grouped, cuda_grouped_masked: 128 x 128 weight blocks and
+// dynamic 1 x 128 activation groups only). Otherwise the cuda_fused grouped path, which also runs
+// per-expert (per-tensor) weight scales and per-token / per-tensor activation scales through the
+// same kernels (zero scale strides: GroupedGemmParams).
+std::string limit_of(const MoeProblem& p, bool contract) {
   if (p.x_f32) return "f32 activations (the DeepGEMM contract takes bf16)";
   if (!p.gated) return "non-gated activations";
   if (static_cast<Act>(p.ap.act) == Act::kSwigluOai) return "interleaved gate/up columns";
-  if (p.w1.scale_kind != static_cast<int>(WScale::kBlock) || p.w1.bn != 128 || p.w1.bk != 128)
-    return "weights need 128x128 block scales";
-  if (p.aq1 != AQuant::kGroupDynamic || p.aq2 != AQuant::kGroupDynamic || p.gk != 128)
-    return "activations need dynamic 1x128 group scales";
+  for (const WeightSide* w : {&p.w1, &p.w2}) {
+    const bool block128 =
+        w->scale_kind == static_cast<int>(WScale::kBlock) && w->bn == 128 && w->bk == 128;
+    const bool tensor = w->scale_kind == static_cast<int>(WScale::kTensor);
+    if (contract ? !block128 : !(block128 || tensor))
+      return contract ? "weights need 128x128 block scales"
+                      : "weights need 128x128 block scales or one scale per expert";
+  }
+  if (contract) {
+    if (p.aq1 != AQuant::kGroupDynamic || p.aq2 != AQuant::kGroupDynamic || p.gk != 128)
+      return "activations need dynamic 1x128 group scales";
+  } else if ((p.aq1 == AQuant::kGroupDynamic || p.aq2 == AQuant::kGroupDynamic) && p.gk != 128) {
+    return "activation groups must be 1x128";
+  }
   if (p.H % 128 != 0 || p.I % 128 != 0)
     return fmt::format("hidden ({}) and intermediate ({}) must be multiples of 128", p.H, p.I);
   if (p.E > kGroupedMaxExperts)
@@ -101,22 +135,25 @@ std::string limit_of(const MoeProblem& p) {
   return {};
 }
 
-void require(const MoeProblem& p, const char* name) {
-  const std::string why = limit_of(p);
+void require(const MoeProblem& p, const char* name, bool contract) {
+  const std::string why = limit_of(p, contract);
   if (!why.empty()) throw NotImplementedError(fmt::format("{}: {}", name, why));
 }
 
-GroupedGemmParams gemm_params(const WeightSide& w, int64_t N, int64_t K, int64_t a_rows,
-                              const float* a_scale) {
+GroupedGemmParams gemm_params(const MoeProblem& p, const WeightSide& w, int64_t N, int64_t K,
+                              int64_t a_rows, const float* a_scale, AQuant aq) {
   GroupedGemmParams g;
   g.N = static_cast<int32_t>(N);
   g.K = static_cast<int32_t>(K);
   g.a_rows = a_rows;
   g.a_scale = a_scale;
-  g.a_scale_stride = K / 128;
+  g.a_scale_stride = p.a_scale_cols(K, aq);  // K / 128 groups, 1 per token, 0 per tensor
+  g.a_scale_kb = aq == AQuant::kGroupDynamic ? 1 : 0;
   g.b_scale = w.scale;
   g.b_scale_e_stride = w.scale_e_stride;
-  g.b_scale_n_stride = w.scale_n_stride;
+  const bool block = w.scale_kind == static_cast<int>(WScale::kBlock);
+  g.b_scale_n_stride = block ? w.scale_n_stride : 0;  // per-tensor: one scale per expert
+  g.b_scale_kb = block ? 1 : 0;
   g.bias = w.bias;
   g.bias_bf16 = w.bias_bf16;
   return g;
@@ -137,7 +174,9 @@ QuantSpec group_quant(const MoeProblem& p, bool second, unsigned* amax) {
 int64_t chunk_of(const MoeProblem& p) { return std::min<int64_t>(p.M, kGroupedChunk); }
 
 std::size_t contiguous_workspace(const FusedMoeArgs& args) {
-  return grouped_problem_workspace(make_problem(args));
+  const MoeProblem p = make_problem(args);
+  require(p, "cuda_grouped", true);
+  return grouped_problem_workspace(p);
 }
 
 void run_contiguous_chunk(const MoeProblem& p, const void* x, void* out, const void* logits,
@@ -178,17 +217,30 @@ void run_contiguous_chunk(const MoeProblem& p, const void* x, void* out, const v
   {
     RowScale rs;
     if (p.router_on_input) rs.w = tw;
-    launch_quant_scatter(group_quant(p, false, amax), x, false, p.H, static_cast<int>(m),
-                         static_cast<int>(p.topk), al.pair_pos, rs, static_cast<int>(p.H),
-                         QuantOut{qx, p.H, sx, p.H / 128}, st);
+    if (p.aq1 == AQuant::kGroupDynamic) {
+      launch_quant_scatter(group_quant(p, false, amax), x, false, p.H, static_cast<int>(m),
+                           static_cast<int>(p.topk), al.pair_pos, rs, static_cast<int>(p.H),
+                           QuantOut{qx, p.H, sx, p.H / 128}, st);
+    } else {
+      // per-token / per-tensor scales (the cuda_fused grouped path): quantise the sorted rows
+      // from their tokens (gathered, as the wgmma path does); a per-tensor scale lands in sx[0]
+      QuantSpec q;
+      q.kind = p.aq1;
+      q.static_scale = p.a13_scale;
+      q.amax_ws = amax;
+      const RowSet rows{al.sorted_ids, al.meta, static_cast<int32_t>(L.capacity), pairs,
+                        static_cast<int32_t>(p.topk)};
+      launch_quant(q, x, false, p.H, rows, rs, static_cast<int>(p.H),
+                   QuantOut{qx, p.H, sx, p.a_scale_cols(p.H, p.aq1)}, st);
+    }
   }
   const int64_t max_mblk = L.capacity / bm;
   void* y1 = ws + L.y1;
   uint8_t* qh = ws + L.qh;
   float* sh = reinterpret_cast<float*>(ws + L.sh);
-  const bool fuse = fuse_act_wanted(bm);
+  const bool fuse = fuse_act_wanted(bm) && p.aq2 == AQuant::kGroupDynamic;
   {
-    GroupedGemmParams g = gemm_params(p.w1, p.N1, p.H, L.capacity, sx);
+    GroupedGemmParams g = gemm_params(p, p.w1, p.N1, p.H, L.capacity, sx, p.aq1);
     g.tile_m = static_cast<int32_t>(bm);
     g.expert_blk = al.expert_blk;
     g.num_rows_ptr = al.meta;
@@ -201,10 +253,10 @@ void run_contiguous_chunk(const MoeProblem& p, const void* x, void* out, const v
   }
   if (!fuse)
     act_then_quant(p, y1, RowSet{al.sorted_ids, al.meta, static_cast<int32_t>(L.capacity), pairs},
-                   amax, qh, sh, st);
+                   amax, qh, sh, ws + L.h, st);
   void* y2 = ws + L.y2;
   {
-    GroupedGemmParams g = gemm_params(p.w2, p.H, p.I, L.capacity, sh);
+    GroupedGemmParams g = gemm_params(p, p.w2, p.H, p.I, L.capacity, sh, p.aq2);
     g.tile_m = static_cast<int32_t>(bm);
     g.expert_blk = al.expert_blk;
     g.num_rows_ptr = al.meta;
@@ -224,21 +276,23 @@ void run_contiguous_chunk(const MoeProblem& p, const void* x, void* out, const v
 
 void run_contiguous(const FusedMoeArgs& args, void* workspace) {
   install_hooks();
-  run_grouped_problem(make_problem(args), workspace);
+  const MoeProblem p = make_problem(args);
+  require(p, "cuda_grouped", true);
+  run_grouped_problem(p, workspace);
 }
 
 }  // namespace
 
 std::size_t grouped_problem_workspace(const MoeProblem& p) {
-  require(p, "cuda_grouped");
+  require(p, "cuda_grouped", false);
   if (p.M == 0) return 0;
-  return workspace_layout(p, chunk_of(p), kBM, false, true).total;
+  return workspace_layout(p, chunk_of(p), kBM, false, true, keeps_h(p)).total;
 }
 
-std::string grouped_problem_limit(const MoeProblem& p) { return limit_of(p); }
+std::string grouped_problem_limit(const MoeProblem& p) { return limit_of(p, false); }
 
 void run_grouped_problem(const MoeProblem& p, void* workspace) {
-  require(p, "cuda_grouped");
+  require(p, "cuda_grouped", false);
   if (p.M == 0) return;
   if (!workspace) throw ValueError("cuda_grouped: workspace is null (see workspace_size)");
   const int64_t C = chunk_of(p);
@@ -246,7 +300,7 @@ void run_grouped_problem(const MoeProblem& p, void* workspace) {
   for (int64_t c0 = 0; c0 < p.M; c0 += C) {
     const int64_t m = std::min(C, p.M - c0);
     const int64_t bm = tile_m_for(double(m * p.topk) / double(p.E));
-    const Workspace L = workspace_layout(p, m, bm, false, true);
+    const Workspace L = workspace_layout(p, m, bm, false, true, keeps_h(p));
     run_contiguous_chunk(
         p, static_cast<const uint8_t*>(p.x) + c0 * p.H * 2,
         static_cast<uint8_t*>(p.out) + c0 * p.H * 2,
@@ -323,7 +377,7 @@ MaskedLayout masked_layout(const MoeProblem& p, int64_t rows) {
 
 std::size_t masked_workspace(const FusedMoeArgs& args) {
   const MaskedProblem mp = masked_problem(args);
-  require(mp.p, "cuda_grouped_masked");
+  require(mp.p, "cuda_grouped_masked", true);
   const int64_t rows = mp.E * mp.max_m;
   if (rows == 0) return 0;
   return masked_layout(mp.p, rows).total;
@@ -333,7 +387,7 @@ void run_masked(const FusedMoeArgs& args, void* workspace) {
   install_hooks();
   const MaskedProblem mp = masked_problem(args);
   const MoeProblem& p = mp.p;
-  require(p, "cuda_grouped_masked");
+  require(p, "cuda_grouped_masked", true);
   const int64_t rows = mp.E * mp.max_m;
   if (rows == 0) return;
   if (!workspace) throw ValueError("cuda_grouped_masked: workspace is null (see workspace_size)");
@@ -357,7 +411,7 @@ void run_masked(const FusedMoeArgs& args, void* workspace) {
   float* sh = reinterpret_cast<float*>(ws + L.sh);
   const bool fuse = fuse_act_wanted(bm);
   {
-    GroupedGemmParams g = gemm_params(p.w1, p.N1, p.H, rows, sx);
+    GroupedGemmParams g = gemm_params(p, p.w1, p.N1, p.H, rows, sx, p.aq1);
     g.tile_m = static_cast<int32_t>(bm);
     g.masked = 1;
     g.counts = mp.counts;
@@ -368,9 +422,9 @@ void run_masked(const FusedMoeArgs& args, void* workspace) {
     if (fuse) set_fused_act(g, p, qh, sh);
     launch_grouped_gemm(g, qx, p.w1.w, p.E * p.N1, max_mblk, st);
   }
-  if (!fuse) act_then_quant(p, y1, vrows, amax, qh, sh, st);
+  if (!fuse) act_then_quant(p, y1, vrows, amax, qh, sh, nullptr, st);
   {
-    GroupedGemmParams g = gemm_params(p.w2, p.H, p.I, rows, sh);
+    GroupedGemmParams g = gemm_params(p, p.w2, p.H, p.I, rows, sh, p.aq2);
     g.tile_m = static_cast<int32_t>(bm);
     g.masked = 1;
     g.counts = mp.counts;
@@ -413,8 +467,8 @@ bool available() { return device_capability() == 90 && kernels_available(); }
 
 std::string grouped_limit(const FusedMoeArgs& args) {
   try {
-    if (args.batched()) return limit_of(masked_problem(args).p);
-    return limit_of(make_problem(args));
+    if (args.batched()) return limit_of(masked_problem(args).p, true);
+    return limit_of(make_problem(args), true);
   } catch (const Error& e) {
     return e.what();
   }

@@ -398,8 +398,8 @@ std::string problem_unsupported(const FusedMoeArgs& args) {
   return {};
 }
 
-Workspace workspace_layout(const MoeProblem& p, int64_t m, int64_t bm, bool batched,
-                           bool sorted_x) {
+Workspace workspace_layout(const MoeProblem& p, int64_t m, int64_t bm, bool batched, bool sorted_x,
+                           bool keep_h) {
   Workspace w;
   w.m = m;
   w.bm = bm;
@@ -427,7 +427,7 @@ Workspace workspace_layout(const MoeProblem& p, int64_t m, int64_t bm, bool batc
   w.qx = c.take(sorted_x ? 0 : m * p.H);
   w.sx = c.take(sorted_x ? 0 : std::max<int64_t>(1, m * p.a_scale_cols(p.H, p.aq1)) * 4);
   w.y1 = c.take(w.capacity * p.N1 * act_bytes);
-  w.h = c.take(sorted_x ? 0 : w.capacity * p.I * (h_f32 ? 4 : 2));
+  w.h = c.take(sorted_x && !keep_h ? 0 : w.capacity * p.I * (h_f32 ? 4 : 2));
   w.qh = c.take(w.capacity * p.I);
   w.sh = c.take(std::max<int64_t>(1, w.capacity * p.a_scale_cols(p.I, p.aq2)) * 4);
   w.y2 = c.take(pairs * p.H * act_bytes);

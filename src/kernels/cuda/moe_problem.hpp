@@ -77,10 +77,11 @@ struct Workspace {
   std::size_t ids = 0, tw = 0, sorted = 0, blk = 0, meta = 0, cnt = 0, eoff = 0, qx = 0, sx = 0,
               y1 = 0, h = 0, qh = 0, sh = 0, y2 = 0, amax = 0, total = 0;
   std::size_t qxs = 0, sxs = 0;  // x quantised in the sorted layout (wgmma, grouped; then qx, sx
-                                 // and h are empty)
+                                 // and h are empty, unless keep_h)
   std::size_t ppos = 0;          // sorted position of each pair (AlignOut::pair_pos)
 };
+// keep_h: an h buffer even with sorted_x (the grouped path with per-token / per-tensor h scales).
 Workspace workspace_layout(const MoeProblem& p, int64_t m, int64_t bm, bool batched = false,
-                           bool sorted_x = false);
+                           bool sorted_x = false, bool keep_h = false);
 
 }  // namespace fp8moe::cuda

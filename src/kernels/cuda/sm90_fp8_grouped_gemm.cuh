@@ -398,9 +398,9 @@ __global__ void __launch_bounds__(kGThreads, 1)
       gg_commit();
       float na0 = 0.0f, na1 = 0.0f, nb = 0.0f;
       if (kb + 1 < num_kb) {
-        na0 = as0 ? __ldg(as0 + kb + 1) : 0.0f;
-        na1 = as1 ? __ldg(as1 + kb + 1) : 0.0f;
-        nb = __ldg(bs + kb + 1);
+        na0 = as0 ? __ldg(as0 + (kb + 1) * p.a_scale_kb) : 0.0f;
+        na1 = as1 ? __ldg(as1 + (kb + 1) * p.a_scale_kb) : 0.0f;
+        nb = __ldg(bs + (kb + 1) * p.b_scale_kb);
       }
       gg_wait0();
       gg_reg_fence(part);
@@ -675,10 +675,10 @@ __global__ void __launch_bounds__(kGThreads, 1)
       gg_commit();
       float na0 = 0.0f, na1 = 0.0f, nb0 = 0.0f, nb1 = 0.0f;
       if (kb + 1 < num_kb) {
-        na0 = as0 ? __ldg(as0 + kb + 1) : 0.0f;
-        na1 = as1 ? __ldg(as1 + kb + 1) : 0.0f;
-        nb0 = __ldg(bs0 + kb + 1);
-        nb1 = __ldg(bs1 + kb + 1);
+        na0 = as0 ? __ldg(as0 + (kb + 1) * p.a_scale_kb) : 0.0f;
+        na1 = as1 ? __ldg(as1 + (kb + 1) * p.a_scale_kb) : 0.0f;
+        nb0 = __ldg(bs0 + (kb + 1) * p.b_scale_kb);
+        nb1 = __ldg(bs1 + (kb + 1) * p.b_scale_kb);
       }
       gg_wait0();
       gg_reg_fence(part);
@@ -924,16 +924,19 @@ __global__ void __launch_bounds__(kGThreads, 1)
   // commit group; rows past A's end read 0: never stored).
   auto copy_scales = [&](const GTile& g, int kb, float* buf) {
     const int n = min(C::kScaleKb, num_kb - kb);
-    const float* bs =
-        p.b_scale + int64_t(g.e) * p.b_scale_e_stride + int64_t(g.nt) * p.b_scale_n_stride + kb;
+    const float* bs = p.b_scale + int64_t(g.e) * p.b_scale_e_stride +
+                      int64_t(g.nt) * p.b_scale_n_stride + int64_t(kb) * p.b_scale_kb;
     for (int i = wtid; i < n * kTN; i += 128) {
       const int tr = i / n, c = i - tr * n;
       const int64_t row = int64_t(g.row0) + tr;
       const bool ok = row < p.a_rows;
-      gg_cp_async_4(buf + c * kTN + tr,
-                    ok ? p.a_scale + row * p.a_scale_stride + kb + c : p.a_scale, ok ? 4 : 0);
+      gg_cp_async_4(
+          buf + c * kTN + tr,
+          ok ? p.a_scale + row * p.a_scale_stride + int64_t(kb + c) * p.a_scale_kb : p.a_scale,
+          ok ? 4 : 0);
     }
-    for (int i = wtid; i < n; i += 128) gg_cp_async_4(buf + C::kScaleKb * kTN + i, bs + i, 4);
+    for (int i = wtid; i < n; i += 128)
+      gg_cp_async_4(buf + C::kScaleKb * kTN + i, bs + int64_t(i) * p.b_scale_kb, 4);
     cp_async_commit();
   };
   // The next tile's first scale chunk and sorted ids are fetched while this tile runs (two scale

@@ -6,6 +6,10 @@
 //
 // A: fp8 e4m3 rows (a_rows, K), row-major; B: fp8 e4m3 (E * N, K) (K-major weights); 1 x 128
 // activation scales (a_rows, K / 128) f32; 128 x 128 weight scales (E, N / 128, K / 128) f32.
+// Per-token (a_rows) or per-tensor (1) activation scales and per-expert weight scales (E) run
+// through the same promotion with zero strides (a_scale_kb, b_scale_kb, ...): the partial sum of
+// each 128-wide K block times the same scale product (the cuda_fused grouped path for per-tensor
+// schemes; the DEEPGEMM contract itself stays 1 x 128 / 128 x 128).
 // Two layouts of A's rows:
 //   contiguous  rows of each expert form a chunk aligned to 128 rows (moe_align with bm = 128):
 //               expert_blk[mb] is the expert of rows [128 mb, 128 mb + 128), *num_rows_ptr the
@@ -55,10 +59,12 @@ struct GroupedGemmParams {
   int32_t max_m = 0;
   // scales, bias
   const float* a_scale = nullptr;
-  int64_t a_scale_stride = 0;  // floats per A row (K / 128)
+  int64_t a_scale_stride = 0;  // floats per A row (K / 128; 1 per-token, 0 per-tensor)
+  int32_t a_scale_kb = 1;      // floats per 128-wide K block (1; 0 per-token / per-tensor)
   const float* b_scale = nullptr;
   int64_t b_scale_e_stride = 0;  // floats per expert
-  int64_t b_scale_n_stride = 0;  // floats per 128-row block of N
+  int64_t b_scale_n_stride = 0;  // floats per 128-row block of N (0 per-tensor)
+  int32_t b_scale_kb = 1;        // floats per 128-wide K block (1; 0 per-tensor)
   const void* bias = nullptr;    // (E, N) f32 or bf16, optional
   int32_t bias_bf16 = 0;
   // output (bf16)
