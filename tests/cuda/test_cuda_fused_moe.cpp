@@ -229,6 +229,14 @@ std::vector<ExactCase> exact_cases() {
     s.scheme.act = ActQuantKind::kPerTensorStatic;
     add("per_tensor_static_one_scale", s);
   }
+  {  // TTok with expert parallelism and padded slots (tokens with no local slot)
+    auto s = base_exact(12, 8, 256, 256, 2);
+    s.scheme.weight = WeightScaleKind::kPerTensor;
+    s.scheme.act = ActQuantKind::kPerTokenDynamic;
+    s.ep_size = 2;
+    s.padded_slots = 3;
+    add("per_token_ep_padded", s);
+  }
   {  // TTok
     auto s = base_exact(9, 8, 256, 128, 2);
     s.scheme.weight = WeightScaleKind::kPerTensor;
@@ -744,6 +752,24 @@ TEST(CudaStreamPath, AutoChoosesSingleStreamOrGroupedForSmallBatches) {
 // Shard scales (two per expert) keep the grouped path out.
 TEST(CudaStreamPath, AutoChoosesGroupedForPerTensorFrom8Tokens) {
   SKIP_WITHOUT_GPU();
+  // which per-tensor / per-token schemes the grouped path takes on sm_90 (the exact and
+  // statistical cases skip a path that declines, so a wrong decline would go unnoticed there)
+  if (cuda::device_capability() == 90 && cuda::kernels_available()) {
+    struct Scheme {
+      ActQuantKind act;
+      bool takes;
+    };
+    for (const Scheme sc : {Scheme{ActQuantKind::kPerTensorStatic, true},
+                            Scheme{ActQuantKind::kPerTokenDynamic, true},
+                            Scheme{ActQuantKind::kPerTensorDynamic, false}}) {
+      MoeTestSpec s = base_stat(16, 4, 256, 256, 2, 4);
+      s.scheme.weight = WeightScaleKind::kPerTensor;
+      s.scheme.act = sc.act;
+      MoeTestProblem d = testing::make_problem(s).to(Device::cuda());
+      const std::string limit = cuda::path_limit(Path::kGrouped, d.args());
+      EXPECT_EQ(limit.empty(), sc.takes) << static_cast<int>(sc.act) << ": " << limit;
+    }
+  }
   for (const int64_t M : {int64_t{4}, int64_t{8}, int64_t{128}}) {
     for (const bool shards : {false, true}) {
       MoeTestSpec s = base_stat(M, 4, 256, 256, 2, 4);

@@ -94,12 +94,22 @@ struct GemmRun {
   bool canaries = true;
 };
 
+// compact_scales: the kernel gets one scale per A row (per-token) and one per expert (per-tensor)
+// with zero K-block / n-block strides, taken from the first block of each; the caller makes the
+// host scales constant over those blocks, so the host reference stays the same.
 GemmRun run_gemm(cuda::GroupedGemmParams p, const HostGemm& g, const std::vector<uint8_t>& a,
                  const std::vector<float>& a_scale, int64_t out_rows, int64_t max_mblk,
-                 const Tensor* extra_keep = nullptr) {
-  (void)extra_keep;
-  const Tensor da = to_device(a, DType::kU8), das = to_device(a_scale, DType::kF32);
-  const Tensor db = to_device(g.b, DType::kU8), dbs = to_device(g.b_scale, DType::kF32);
+                 bool compact_scales = false) {
+  const int nkb = g.K / 128, nnb = g.N / 128;
+  std::vector<float> as_c, bs_c;
+  if (compact_scales) {
+    for (size_t r = 0; r < a_scale.size() / nkb; ++r) as_c.push_back(a_scale[r * nkb]);
+    for (int e = 0; e < g.E; ++e) bs_c.push_back(g.b_scale[size_t(e) * nnb * nkb]);
+  }
+  const Tensor da = to_device(a, DType::kU8);
+  const Tensor das = to_device(compact_scales ? as_c : a_scale, DType::kF32);
+  const Tensor db = to_device(g.b, DType::kU8);
+  const Tensor dbs = to_device(compact_scales ? bs_c : g.b_scale, DType::kF32);
   Tensor dbias;
   if (!g.bias.empty()) dbias = to_device(g.bias, DType::kF32);
   testing::GuardedTensor out({out_rows, p.out_stride}, DType::kBF16, Device::cuda());
@@ -107,10 +117,12 @@ GemmRun run_gemm(cuda::GroupedGemmParams p, const HostGemm& g, const std::vector
   p.K = g.K;
   p.N = g.N;
   p.a_scale = static_cast<const float*>(das.data());
-  p.a_scale_stride = g.K / 128;
+  p.a_scale_stride = compact_scales ? 1 : nkb;
+  p.a_scale_kb = compact_scales ? 0 : 1;
   p.b_scale = static_cast<const float*>(dbs.data());
-  p.b_scale_e_stride = (g.N / 128) * (g.K / 128);
-  p.b_scale_n_stride = g.K / 128;
+  p.b_scale_e_stride = compact_scales ? 1 : int64_t(nnb) * nkb;
+  p.b_scale_n_stride = compact_scales ? 0 : nkb;
+  p.b_scale_kb = compact_scales ? 0 : 1;
   p.bias = dbias.defined() ? dbias.data() : nullptr;
   p.out = static_cast<uint16_t*>(out.view().data);
   cuda::launch_grouped_gemm(p, static_cast<const uint8_t*>(da.data()),
@@ -318,70 +330,81 @@ TEST(CudaGroupedGemmLongK, MoreThan128KBlocksExactBitwise) {
   std::mt19937 rng(4242);
   const int E = 2, N = 512;
   const int counts[E] = {20, 3};
-  for (const int K : {128, 16384, 16640}) {
-    const HostGemm g = make_weights(E, N, K, true, rng);
-    for (const GemmTile tile :
-         {GemmTile{128, 256}, GemmTile{16, 0}, GemmTile{32, 0}, GemmTile{64, 0}}) {
-      const int tm = tile.tm;
-      int num_valid = counts[0] + counts[1];
-      std::vector<int32_t> perm(num_valid);
-      for (int i = 0; i < num_valid; ++i) perm[i] = i;
-      std::shuffle(perm.begin(), perm.end(), rng);
-      std::vector<int32_t> sorted, blk;
-      std::vector<int> row_expert;
-      int next = 0;
-      for (int e = 0; e < E; ++e) {
-        const int padded = (counts[e] + tm - 1) / tm * tm;
-        for (int b = 0; b < padded / tm; ++b) blk.push_back(e);
-        for (int r = 0; r < padded; ++r) {
-          sorted.push_back(r < counts[e] ? perm[next++] : num_valid);
-          row_expert.push_back(e);
+  for (const int K : {128, 16384, 16640})
+    for (const bool compact : {false, true}) {
+      // compact: per-token A scales and per-expert B scales (zero strides, the cuda_fused grouped
+      // path's per-tensor schemes): the host scales are made constant per row / per expert
+      HostGemm g = make_weights(E, N, K, true, rng);
+      if (compact)
+        for (int e = 0; e < E; ++e)
+          for (size_t i = 1; i < size_t(N / 128) * (K / 128); ++i)
+            g.b_scale[size_t(e) * (N / 128) * (K / 128) + i] =
+                g.b_scale[size_t(e) * (N / 128) * (K / 128)];
+      for (const GemmTile tile :
+           {GemmTile{128, 256}, GemmTile{16, 0}, GemmTile{32, 0}, GemmTile{64, 0}}) {
+        const int tm = tile.tm;
+        int num_valid = counts[0] + counts[1];
+        std::vector<int32_t> perm(num_valid);
+        for (int i = 0; i < num_valid; ++i) perm[i] = i;
+        std::shuffle(perm.begin(), perm.end(), rng);
+        std::vector<int32_t> sorted, blk;
+        std::vector<int> row_expert;
+        int next = 0;
+        for (int e = 0; e < E; ++e) {
+          const int padded = (counts[e] + tm - 1) / tm * tm;
+          for (int b = 0; b < padded / tm; ++b) blk.push_back(e);
+          for (int r = 0; r < padded; ++r) {
+            sorted.push_back(r < counts[e] ? perm[next++] : num_valid);
+            row_expert.push_back(e);
+          }
+        }
+        const int64_t rows = static_cast<int64_t>(sorted.size());
+        const std::vector<uint8_t> a = random_a(rows, K, rng);
+        std::vector<float> as = random_scales(rows, K, rng);
+        if (compact)
+          for (int64_t r = 0; r < rows; ++r)
+            for (int kb = 1; kb < K / 128; ++kb) as[r * (K / 128) + kb] = as[r * (K / 128)];
+        std::vector<float> rw(num_valid);
+        for (auto& w : rw) w = (rng() % 2) ? 0.5f : 1.0f;
+        // expected output rows (scatter: row id, weighted)
+        std::vector<uint16_t> want(size_t(num_valid) * N);
+        for (int64_t pos = 0; pos < rows; ++pos) {
+          const int id = sorted[pos];
+          if (id >= num_valid) continue;
+          for (int n = 0; n < N; ++n)
+            want[size_t(id) * N + n] = host_value(g, a, as, pos, row_expert[pos], n, rw[id]);
+        }
+        const Tensor dsorted = to_device(sorted, DType::kI32), dblk = to_device(blk, DType::kI32);
+        const Tensor dmeta =
+            to_device(std::vector<int32_t>{static_cast<int32_t>(rows), 0, 0, 0}, DType::kI32);
+        const Tensor drw = to_device(rw, DType::kF32);
+        for (const int ctas : {0, 3}) {
+          SCOPED_TRACE("K " + std::to_string(K) + ", " + tile_name(tile) + ", CTAs " +
+                       (ctas ? std::to_string(ctas) : "all") + (compact ? ", compact scales" : ""));
+          cuda::GroupedGemmParams p;
+          set_tile(p, tile);
+          p.max_ctas = ctas;
+          p.N = N;
+          expect_tile_n(p, tile);
+          p.a_rows = rows;
+          p.expert_blk = static_cast<const int32_t*>(dblk.data());
+          p.num_rows_ptr = static_cast<const int32_t*>(dmeta.data());
+          p.sorted_ids = static_cast<const int32_t*>(dsorted.data());
+          p.num_valid = num_valid;
+          p.out_stride = N;
+          p.out_scatter = 1;
+          p.row_weight = static_cast<const float*>(drw.data());
+          const GemmRun r = run_gemm(p, g, a, as, num_valid, rows / tm, compact);
+          EXPECT_TRUE(r.canaries);
+          int64_t bad = 0;
+          for (size_t i = 0; i < want.size(); ++i)
+            if (r.out[i] != want[i] && bad++ < 5)
+              ADD_FAILURE() << "row " << i / N << " n " << i % N << ": got 0x" << std::hex
+                            << r.out[i] << " want 0x" << want[i];
+          EXPECT_EQ(bad, 0);
         }
       }
-      const int64_t rows = static_cast<int64_t>(sorted.size());
-      const std::vector<uint8_t> a = random_a(rows, K, rng);
-      const std::vector<float> as = random_scales(rows, K, rng);
-      std::vector<float> rw(num_valid);
-      for (auto& w : rw) w = (rng() % 2) ? 0.5f : 1.0f;
-      // expected output rows (scatter: row id, weighted)
-      std::vector<uint16_t> want(size_t(num_valid) * N);
-      for (int64_t pos = 0; pos < rows; ++pos) {
-        const int id = sorted[pos];
-        if (id >= num_valid) continue;
-        for (int n = 0; n < N; ++n)
-          want[size_t(id) * N + n] = host_value(g, a, as, pos, row_expert[pos], n, rw[id]);
-      }
-      const Tensor dsorted = to_device(sorted, DType::kI32), dblk = to_device(blk, DType::kI32);
-      const Tensor dmeta =
-          to_device(std::vector<int32_t>{static_cast<int32_t>(rows), 0, 0, 0}, DType::kI32);
-      const Tensor drw = to_device(rw, DType::kF32);
-      for (const int ctas : {0, 3}) {
-        SCOPED_TRACE("K " + std::to_string(K) + ", " + tile_name(tile) + ", CTAs " +
-                     (ctas ? std::to_string(ctas) : "all"));
-        cuda::GroupedGemmParams p;
-        set_tile(p, tile);
-        p.max_ctas = ctas;
-        p.N = N;
-        expect_tile_n(p, tile);
-        p.a_rows = rows;
-        p.expert_blk = static_cast<const int32_t*>(dblk.data());
-        p.num_rows_ptr = static_cast<const int32_t*>(dmeta.data());
-        p.sorted_ids = static_cast<const int32_t*>(dsorted.data());
-        p.num_valid = num_valid;
-        p.out_stride = N;
-        p.out_scatter = 1;
-        p.row_weight = static_cast<const float*>(drw.data());
-        const GemmRun r = run_gemm(p, g, a, as, num_valid, rows / tm);
-        EXPECT_TRUE(r.canaries);
-        int64_t bad = 0;
-        for (size_t i = 0; i < want.size(); ++i)
-          if (r.out[i] != want[i] && bad++ < 5)
-            ADD_FAILURE() << "row " << i / N << " n " << i % N << ": got 0x" << std::hex << r.out[i]
-                          << " want 0x" << want[i];
-        EXPECT_EQ(bad, 0);
-      }
     }
-  }
 }
 
 // GEMM1 with the fused activation + 1x128 quantisation epilogue (fuse_act, the 256 tile with

@@ -125,6 +125,11 @@ std::string limit_of(const MoeProblem& p, bool contract) {
       return "activations need dynamic 1x128 group scales";
   } else if ((p.aq1 == AQuant::kGroupDynamic || p.aq2 == AQuant::kGroupDynamic) && p.gk != 128) {
     return "activation groups must be 1x128";
+  } else if (p.aq1 == AQuant::kTensorDynamic) {
+    // x is quantised into the sorted rows, so an amax over them would miss the tokens with no
+    // local slot (expert parallelism, padded slots); the reference takes all M tokens (the wgmma
+    // and stream paths decline this scheme too)
+    return "dynamic per-tensor activation scales";
   }
   if (p.H % 128 != 0 || p.I % 128 != 0)
     return fmt::format("hidden ({}) and intermediate ({}) must be multiples of 128", p.H, p.I);
@@ -206,12 +211,12 @@ void run_contiguous_chunk(const MoeProblem& p, const void* x, void* out, const v
   launch_align(ids, pairs, p.expert_map, static_cast<int>(p.E_global), static_cast<int>(p.E),
                static_cast<int>(bm), static_cast<int>(L.capacity), 0, al, st);
   unsigned* amax = reinterpret_cast<unsigned*>(ws + L.amax);
-  // x quantised straight into the permuted order (row p = token sorted_ids[p] / topk): each token
-  // once, written to the sorted rows of its pairs (launch_quant_scatter; bitwise what quantising
-  // every valid sorted row would give; measured faster on the H200: docs/PERFORMANCE.md). It runs
-  // 1 x 128 groups only, the only ones this chain takes (limit_of; require() has checked
-  // p.gk == 128), so no other group size needs a fallback. Padding rows stay unwritten: the
-  // GEMMs never store their outputs.
+  // x quantised straight into the permuted order (row p = token sorted_ids[p] / topk). 1 x 128
+  // groups: each token once, written to the sorted rows of its pairs (launch_quant_scatter;
+  // bitwise what quantising every valid sorted row would give; measured faster on the H200:
+  // docs/PERFORMANCE.md; require() has checked p.gk == 128). Per-token / per-tensor scales (the
+  // cuda_fused path only): launch_quant over the sorted rows, gathered from their tokens. Padding
+  // rows stay unwritten: the GEMMs never store their outputs.
   uint8_t* qx = ws + L.qxs;
   float* sx = reinterpret_cast<float*>(ws + L.sxs);
   {

@@ -30,7 +30,9 @@ std::string grouped_limit(const FusedMoeArgs& args);
 
 // The same for a standard-format problem already checked by make_problem (cuda_fused's grouped
 // path, which builds the problem once per call), its workspace, and its run (what grouped_impl()'s
-// workspace_size / run do after make_problem).
+// workspace_size / run do after make_problem and the contract check). Beyond the B128 contract,
+// this path also takes one weight scale per expert (per-tensor) with per-token or per-tensor
+// (static or dynamic) activation scales: the same kernels with zero scale strides.
 std::string grouped_problem_limit(const MoeProblem& p);
 std::size_t grouped_problem_workspace(const MoeProblem& p);
 void run_grouped_problem(const MoeProblem& p, void* workspace);
