@@ -235,15 +235,9 @@ void run_experts(const MoeProblem& p, const void* x, int64_t x_rows, const RowSc
   float* sx = reinterpret_cast<float*>(ws + L.sx);
   unsigned* amax = reinterpret_cast<unsigned*>(ws + L.amax);
   if (!gemm_only) {
-    QuantSpec q;
-    q.kind = p.aq1;
-    q.gk = p.gk;
-    q.ue8m0 = p.ue8m0;
-    q.static_scale = p.a13_scale;
-    q.amax_ws = amax;
     RowSet rows;
     rows.num_rows = static_cast<int32_t>(x_rows);
-    launch_quant(q, x, p.x_f32, p.H, rows, rs, static_cast<int>(p.H),
+    launch_quant(p.act_quant(false, amax), x, p.x_f32, p.H, rows, rs, static_cast<int>(p.H),
                  QuantOut{qx, p.H, sx, p.a_scale_cols(p.H, p.aq1)}, st);
   }
   const GemmRows gr{r.al.sorted_ids, r.al.expert_blk, r.al.meta, r.num_valid, r.gather_div};
@@ -287,14 +281,7 @@ void run_experts(const MoeProblem& p, const void* x, int64_t x_rows, const RowSc
   uint8_t* qh = ws + L.qh;
   float* sh = reinterpret_cast<float*>(ws + L.sh);
   if (!gemm_only) {
-    QuantSpec q;
-    q.kind = p.aq2;
-    q.gk = p.gk;
-    q.ue8m0 = p.ue8m0;
-    q.min_scale = p.fused_silu_quant ? 1.0f / (kFp8Max * 512.0f) : 0.0f;
-    q.static_scale = p.a2_scale;
-    q.amax_ws = amax;
-    launch_quant(q, h, h_f32, p.I, srows, RowScale{}, static_cast<int>(p.I),
+    launch_quant(p.act_quant(true, amax), h, h_f32, p.I, srows, RowScale{}, static_cast<int>(p.I),
                  QuantOut{qh, p.I, sh, p.a_scale_cols(p.I, p.aq2)}, st);
   }
   {
@@ -442,12 +429,7 @@ void run_wgmma_chunk(const MoeProblem& p, const ChunkPtrs& c, int64_t m, const W
   uint8_t* qx = ws + L.qxs;
   float* sx = reinterpret_cast<float*>(ws + L.sxs);
   if (!gemm_only) {
-    QuantSpec q;
-    q.kind = p.aq1;
-    q.gk = p.gk;
-    q.ue8m0 = p.ue8m0;
-    q.static_scale = p.a13_scale;
-    q.amax_ws = reinterpret_cast<unsigned*>(ws + L.amax);
+    const QuantSpec q = p.act_quant(false, reinterpret_cast<unsigned*>(ws + L.amax));
     RowSet rows{r.al.sorted_ids, r.al.meta, static_cast<int32_t>(r.capacity), r.num_valid,
                 static_cast<int32_t>(p.topk)};
     RowScale rs;

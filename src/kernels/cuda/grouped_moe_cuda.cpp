@@ -75,14 +75,7 @@ void act_then_quant(const MoeProblem& p, const void* y1, const RowSet& rows, uns
   if (!h) throw ValueError("cuda_grouped: no h buffer for per-token / per-tensor scales");
   const bool h_f32 = p.fused_silu_quant;
   launch_activation(y1, false, p.N1, rows, static_cast<int>(p.I), p.ap, h, h_f32, p.I, st);
-  QuantSpec q;
-  q.kind = p.aq2;
-  q.gk = p.gk;
-  q.ue8m0 = p.ue8m0;
-  q.min_scale = p.fused_silu_quant ? 1.0f / (kFp8Max * 512.0f) : 0.0f;
-  q.static_scale = p.a2_scale;
-  q.amax_ws = amax;
-  launch_quant(q, h, h_f32, p.I, rows, RowScale{}, static_cast<int>(p.I),
+  launch_quant(p.act_quant(true, amax), h, h_f32, p.I, rows, RowScale{}, static_cast<int>(p.I),
                QuantOut{qh, p.I, sh, p.a_scale_cols(p.I, p.aq2)}, st);
 }
 
@@ -229,10 +222,7 @@ void run_contiguous_chunk(const MoeProblem& p, const void* x, void* out, const v
     } else {
       // per-token / per-tensor scales (the cuda_fused grouped path): quantise the sorted rows
       // from their tokens (gathered, as the wgmma path does); a per-tensor scale lands in sx[0]
-      QuantSpec q;
-      q.kind = p.aq1;
-      q.static_scale = p.a13_scale;
-      q.amax_ws = amax;
+      const QuantSpec q = p.act_quant(false, amax);
       const RowSet rows{al.sorted_ids, al.meta, static_cast<int32_t>(L.capacity), pairs,
                         static_cast<int32_t>(p.topk)};
       launch_quant(q, x, false, p.H, rows, rs, static_cast<int>(p.H),

@@ -46,6 +46,19 @@ struct MoeProblem {
   int64_t a_scale_cols(int64_t cols, AQuant q) const {
     return q == AQuant::kGroupDynamic ? cols / gk : (q == AQuant::kTokenDynamic ? 1 : 0);
   }
+  // The quantiser of GEMM1's input (second = false: x) or GEMM2's (second = true: h), as every
+  // path applies it: the scheme's kind and group size, UE8M0 scales, the fused SiLU+quant scale
+  // floor (h only), the checkpoint's static scale, and amax scratch for dynamic per-tensor.
+  QuantSpec act_quant(bool second, unsigned* amax) const {
+    QuantSpec q;
+    q.kind = second ? aq2 : aq1;
+    q.gk = gk;
+    q.ue8m0 = ue8m0;
+    q.min_scale = second && fused_silu_quant ? 1.0f / (kFp8Max * 512.0f) : 0.0f;
+    q.static_scale = second ? a2_scale : a13_scale;
+    q.amax_ws = amax;
+    return q;
+  }
 };
 
 // The routing kernel's parameters for `logits` (M, E) f32/bf16 with `r` (make_problem's checks
