@@ -750,7 +750,7 @@ TEST(CudaStreamPath, AutoChoosesSingleStreamOrGroupedForSmallBatches) {
 // the stream and wgmma paths on the H200, PERFORMANCE.md run 17) when the grouped GEMMs take the
 // scheme (sm_90, one weight scale per expert, H and I in 128-blocks); below that the stream path.
 // Shard scales (two per expert) keep the grouped path out.
-TEST(CudaStreamPath, AutoChoosesGroupedForPerTensorFrom8Tokens) {
+TEST(CudaStreamPath, AutoChoosesGroupedForPerTensorSchemes) {
   SKIP_WITHOUT_GPU();
   // which per-tensor / per-token schemes the grouped path takes on sm_90 (the exact and
   // statistical cases skip a path that declines, so a wrong decline would go unnoticed there)
@@ -770,7 +770,7 @@ TEST(CudaStreamPath, AutoChoosesGroupedForPerTensorFrom8Tokens) {
       EXPECT_EQ(limit.empty(), sc.takes) << static_cast<int>(sc.act) << ": " << limit;
     }
   }
-  for (const int64_t M : {int64_t{4}, int64_t{8}, int64_t{128}}) {
+  for (const int64_t M : {int64_t{1}, int64_t{4}, int64_t{8}, int64_t{128}}) {
     for (const bool shards : {false, true}) {
       MoeTestSpec s = base_stat(M, 4, 256, 256, 2, 4);
       s.scheme.weight = WeightScaleKind::kPerTensor;
@@ -787,7 +787,7 @@ TEST(CudaStreamPath, AutoChoosesGroupedForPerTensorFrom8Tokens) {
         EXPECT_EQ(limit, "");
       }
       const Path got = cuda::choose_path(d.args());
-      if (M >= 8 && limit.empty()) {
+      if (limit.empty()) {
         EXPECT_EQ(got, Path::kGrouped) << "M=" << M;
         const std::string how = cuda::fused_impl().describe_call(d.args());
         EXPECT_NE(how.find("per-tensor / per-token scales"), std::string::npos) << how;

@@ -95,16 +95,18 @@ std::string grouped_path_limit(const MoeProblem& p) {
 // shape the single path does not take (above), and for one token with a large intermediate (run
 // 12: DeepSeek-V3 TP2 72 vs 90 us on the stream path; where the single path declines, e.g. I >
 // 1024).
-// Per-tensor / per-token scales (the block-FP8 rule above was measured on block schemes): from 8
-// tokens. Measured on the H200 (PERFORMANCE.md run 17, Mixtral-8x7B TP2 per-tensor, the three paths
-// forced in one call): grouped 185.8 / 199.1 / 250.0 / 444.6 / 1196.4 / 4227.3 us at M = 8 / 32 /
-// 128 / 512 / 2048 / 8192 against stream 253.9 / 343.7 at M = 8 / 32 and wgmma 946.3 - 15761.2 us
-// from M = 128. Below 8 tokens (not measured on the grouped path) the stream path stays.
+// Per-tensor / per-token scales (the block-FP8 rule above was measured on block schemes): the
+// grouped path at every M it takes. Measured on the H200 (PERFORMANCE.md run 17, Mixtral-8x7B TP2
+// per-tensor, the three paths forced in one call): grouped 185.8 / 199.1 / 250.0 / 444.6 / 1196.4 /
+// 4227.3 us at M = 8 / 32 / 128 / 512 / 2048 / 8192 against stream 253.9 / 343.7 at M = 8 / 32 and
+// wgmma 946.3 - 15761.2 us from M = 128; run 18 (session 22, call 1): grouped 69.3 / 105.3 / 153.8
+// us at M = 1 / 2 / 4 against stream 78.5 / 126.5 / 194.8. Schemes the grouped path declines
+// (dynamic per-tensor activation scales, shard scales) stay on the stream / wgmma paths.
 bool block_scheme(const MoeProblem& p) {
   return p.w1.scale_kind == static_cast<int>(WScale::kBlock) && p.aq1 == AQuant::kGroupDynamic;
 }
 bool grouped_path_preferred(const MoeProblem& p) {
-  if (!block_scheme(p)) return p.M >= 8;
+  if (!block_scheme(p)) return true;
   return p.M >= 2 || p.I > 512;
 }
 }  // namespace
@@ -181,7 +183,7 @@ Path choose(const MoeProblem& p, std::string* why = nullptr) {
     if (why)
       *why = !block_scheme(p)
                  ? fmt::format(
-                       "auto: M = {} >= 8 (per-tensor / per-token scales) and the grouped GEMMs "
+                       "auto: M = {} (per-tensor / per-token scales) and the grouped GEMMs "
                        "take it",
                        p.M)
              : p.M >= 2 ? fmt::format("auto: M = {} >= 2 and the grouped GEMMs take it", p.M)
