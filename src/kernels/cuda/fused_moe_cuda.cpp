@@ -324,6 +324,7 @@ ExpertRows route_and_align(const MoeProblem& p, const ChunkPtrs& c, int64_t m, c
   r.al = AlignOut{reinterpret_cast<int32_t*>(ws + L.sorted), reinterpret_cast<int32_t*>(ws + L.blk),
                   reinterpret_cast<int32_t*>(ws + L.meta), reinterpret_cast<int32_t*>(ws + L.cnt),
                   reinterpret_cast<int32_t*>(ws + L.eoff)};
+  if (L.fixed_stride == 0) r.al.scratch = reinterpret_cast<int32_t*>(ws + L.align);
   r.num_valid = pairs;
   r.gather_div = static_cast<int32_t>(p.topk);
   r.capacity = L.capacity;

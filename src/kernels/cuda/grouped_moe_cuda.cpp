@@ -62,14 +62,25 @@ bool fuse_act_wanted(int64_t bm) {
 // 1 x 128 quantisation of h into qh / sh in one kernel (launch_act_quant: h is never written;
 // bitwise what launch_activation + launch_quant give, h rounded to bf16 or kept f32 for the fused
 // SiLU+quant semantics). Measured faster than the two kernels on the H200 (docs/PERFORMANCE.md).
-// Per-token / per-tensor scales of h (the cuda_fused grouped path): launch_activation into h
-// (workspace, keeps_h) and launch_quant with the scheme's kind, as the generic path does.
+// Per-token dynamic and static per-tensor scales of h (the cuda_fused grouped path) are fused the
+// same way (run 18: Mixtral TP2 per-tensor at M = 8192, activation 607 + quantisation 483 us as
+// two scalar kernels). Dynamic per-tensor scales (not taken by the grouped path today) would go
+// through launch_activation into h (workspace, keeps_h) and launch_quant, as the generic path does.
+bool act_fused(const MoeProblem& p) {
+  return act_quant_fusable(p.act_quant(true, nullptr), static_cast<int>(p.I), p.ap);
+}
 void act_then_quant(const MoeProblem& p, const void* y1, const RowSet& rows, unsigned* amax,
                     uint8_t* qh, float* sh, uint8_t* h, cudaStream_t st) {
   if (p.aq2 == AQuant::kGroupDynamic) {
     launch_act_quant(static_cast<const uint16_t*>(y1), p.N1, rows, static_cast<int>(p.I), p.ap,
                      p.fused_silu_quant, group_quant(p, true, amax),
                      QuantOut{qh, p.I, sh, p.I / 128}, st);
+    return;
+  }
+  if (act_fused(p)) {
+    launch_act_quant(static_cast<const uint16_t*>(y1), p.N1, rows, static_cast<int>(p.I), p.ap,
+                     p.fused_silu_quant, p.act_quant(true, amax),
+                     QuantOut{qh, p.I, sh, p.a_scale_cols(p.I, p.aq2)}, st);
     return;
   }
   if (!h) throw ValueError("cuda_grouped: no h buffer for per-token / per-tensor scales");
@@ -80,7 +91,7 @@ void act_then_quant(const MoeProblem& p, const void* y1, const RowSet& rows, uns
 }
 
 // The grouped path keeps an h buffer in its workspace only for per-token / per-tensor h scales.
-bool keeps_h(const MoeProblem& p) { return p.aq2 != AQuant::kGroupDynamic; }
+bool keeps_h(const MoeProblem& p) { return p.aq2 != AQuant::kGroupDynamic && !act_fused(p); }
 
 // GEMM1's fused epilogue: the same activation and quantisation as launch_activation + launch_quant
 // with group_quant(p, true, .) would apply (h kept f32 for the fused SiLU+quant semantics).
@@ -200,7 +211,8 @@ void run_contiguous_chunk(const MoeProblem& p, const void* x, void* out, const v
   const AlignOut al{
       reinterpret_cast<int32_t*>(ws + L.sorted), reinterpret_cast<int32_t*>(ws + L.blk),
       reinterpret_cast<int32_t*>(ws + L.meta),   reinterpret_cast<int32_t*>(ws + L.cnt),
-      reinterpret_cast<int32_t*>(ws + L.eoff),   reinterpret_cast<int32_t*>(ws + L.ppos)};
+      reinterpret_cast<int32_t*>(ws + L.eoff),   reinterpret_cast<int32_t*>(ws + L.ppos),
+      reinterpret_cast<int32_t*>(ws + L.align)};
   launch_align(ids, pairs, p.expert_map, static_cast<int>(p.E_global), static_cast<int>(p.E),
                static_cast<int>(bm), static_cast<int>(L.capacity), 0, al, st);
   unsigned* amax = reinterpret_cast<unsigned*>(ws + L.amax);

@@ -11,9 +11,14 @@ namespace fp8moe::cuda {
 void launch_route(const RoutingParams& rp, int M, int E, int topk, int32_t* ids, float* w,
                   cudaStream_t stream);
 
+// Scratch of the many-block alignment (AlignOut::scratch) for num_valid pairs and E_local experts.
+std::size_t align_scratch_bytes(int64_t num_valid, int64_t E_local);
+// With out.scratch, from split_min pairs on (< 0: the default, FP8MOE_ALIGN_SPLIT_MIN or 8192) the
+// alignment runs on many blocks (three kernels) instead of one; the tables are the same and every
+// expert holds the same pairs (their order within an expert follows the atomics in both).
 void launch_align(const int32_t* topk_ids, int num_valid, const int32_t* expert_map, int E_global,
                   int E_local, int bm, int capacity, int fixed_stride, const AlignOut& out,
-                  cudaStream_t stream);
+                  cudaStream_t stream, int64_t split_min = -1);
 
 void launch_batched_rows(const int32_t* counts, int E_local, int T, int T_pad, int bm,
                          const AlignOut& out, cudaStream_t stream);
@@ -31,7 +36,9 @@ void launch_activation(const void* y1, bool y1_f32, int64_t y1_stride, const Row
                        const ActParams& ap, void* h, bool h_f32, int64_t h_stride,
                        cudaStream_t stream);
 // launch_activation (bf16 y1, gated with gate | up halves; h bf16, or f32 when h_f32) followed by
-// launch_quant of h with `spec` (dynamic 1 x 128 groups), in one kernel that never writes h.
+// launch_quant of h with `spec`, in one kernel that never writes h: dynamic 1 x 128 groups,
+// per-token dynamic or static per-tensor scales (act_quant_fusable says which).
+bool act_quant_fusable(const QuantSpec& spec, int I, const ActParams& ap);
 void launch_act_quant(const uint16_t* y1, int64_t y1_stride, const RowSet& rows, int I,
                       const ActParams& ap, bool h_f32, const QuantSpec& spec, const QuantOut& out,
                       cudaStream_t stream);

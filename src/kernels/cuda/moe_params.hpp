@@ -182,6 +182,9 @@ struct AlignOut {
   int32_t* expert_off = nullptr;
   // optional (sorted layout only): pair i -> its sorted position, -1 for a dropped slot
   int32_t* pair_pos = nullptr;
+  // optional scratch of align_scratch_bytes(num_valid, E_local): with it, large pair counts are
+  // aligned by many blocks (sorted layout only)
+  int32_t* scratch = nullptr;
 };
 
 struct QuantOut {

@@ -7,6 +7,8 @@
 #include "fp8moe/error.hpp"
 #include "moe_problem.hpp"
 
+#include "moe_launchers.hpp"
+
 namespace fp8moe::cuda {
 
 namespace {
@@ -433,6 +435,7 @@ Workspace workspace_layout(const MoeProblem& p, int64_t m, int64_t bm, bool batc
   w.y2 = c.take(pairs * p.H * act_bytes);
   w.amax = c.take(16);
   w.ppos = c.take(pairs * 4);
+  w.align = c.take(batched ? 0 : align_scratch_bytes(pairs, p.E));
   if (sorted_x) {
     w.qxs = c.take(w.capacity * p.H);
     w.sxs = c.take(std::max<int64_t>(1, w.capacity * p.a_scale_cols(p.H, p.aq1)) * 4);

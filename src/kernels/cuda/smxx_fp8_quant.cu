@@ -6,6 +6,20 @@ namespace fp8moe::cuda {
 
 namespace {
 
+// Whether the eight-columns-per-thread kernels can run: 16-byte aligned source rows of a multiple
+// of 8 columns, 8-byte aligned code rows.
+template <typename T>
+bool vec8_ok(const T* src, int64_t src_stride, int cols, const uint8_t* q, int64_t q_stride) {
+  return cols % 8 == 0 && (src_stride * int64_t(sizeof(T))) % 16 == 0 &&
+         (reinterpret_cast<uintptr_t>(src) & 15) == 0 && q_stride % 8 == 0 &&
+         (reinterpret_cast<uintptr_t>(q) & 7) == 0;
+}
+
+// Blocks of a grid-stride kernel over n threads' work: enough to fill the card several times.
+unsigned stride_blocks(int64_t n) {
+  return static_cast<unsigned>(std::max<int64_t>(1, std::min<int64_t>(ceil_div(n, 256), 132 * 16)));
+}
+
 template <typename T>
 void quant_typed(const QuantSpec& spec, const T* src, int64_t src_stride, const RowSet& rows,
                  const RowScale& rs, int cols, const QuantOut& out, cudaStream_t stream) {
@@ -30,11 +44,33 @@ void quant_typed(const QuantSpec& spec, const T* src, int64_t src_stride, const 
       break;
     }
     case AQuant::kTokenDynamic:
-      quant_token_kernel<T><<<rows.num_rows, 256, 0, stream>>>(src, src_stride, rows, rs, cols,
-                                                               out.q, out.q_stride, out.s);
+      if (vec8_ok(src, src_stride, cols, out.q, out.q_stride))
+        quant_token8_kernel<T><<<rows.num_rows, 256, 0, stream>>>(src, src_stride, rows, rs, cols,
+                                                                  out.q, out.q_stride, out.s);
+      else
+        quant_token_kernel<T><<<rows.num_rows, 256, 0, stream>>>(src, src_stride, rows, rs, cols,
+                                                                 out.q, out.q_stride, out.s);
       break;
     case AQuant::kTensorStatic:
     case AQuant::kTensorDynamic: {
+      if (vec8_ok(src, src_stride, cols, out.q, out.q_stride)) {
+        const unsigned blocks = stride_blocks(int64_t(rows.num_rows) * (cols / 8));
+        if (spec.kind == AQuant::kTensorDynamic) {
+          FP8MOE_CUDA_CHECK(cudaMemsetAsync(spec.amax_ws, 0, sizeof(unsigned int), stream));
+          amax8_kernel<T>
+              <<<blocks, 256, 0, stream>>>(src, src_stride, rows, rs, cols, spec.amax_ws);
+          FP8MOE_CUDA_CHECK_LAUNCH();
+        }
+        const float* st = spec.kind == AQuant::kTensorStatic ? spec.static_scale : nullptr;
+        if (cols % 16 == 0)
+          quant_tensor8_kernel<T, 2>
+              <<<stride_blocks(int64_t(rows.num_rows) * (cols / 16)), 256, 0, stream>>>(
+                  src, src_stride, rows, rs, cols, out.q, out.q_stride, st, spec.amax_ws, out.s);
+        else
+          quant_tensor8_kernel<T, 1><<<blocks, 256, 0, stream>>>(
+              src, src_stride, rows, rs, cols, out.q, out.q_stride, st, spec.amax_ws, out.s);
+        break;
+      }
       const dim3 grid(rows.num_rows,
                       static_cast<unsigned>(std::min<int64_t>(ceil_div(cols, 256), 64)));
       if (spec.kind == AQuant::kTensorDynamic) {
@@ -83,16 +119,64 @@ void launch_quant_scatter(const QuantSpec& spec, const void* src, bool src_f32, 
   FP8MOE_CUDA_CHECK_LAUNCH();
 }
 
+bool act_quant_fusable(const QuantSpec& spec, int I, const ActParams& ap) {
+  const Act act = static_cast<Act>(ap.act);
+  if (!act_is_gated(act) || act == Act::kSwigluOai) return false;
+  switch (spec.kind) {
+    case AQuant::kGroupDynamic:
+      return spec.gk == 128 && I % 128 == 0;
+    case AQuant::kTokenDynamic:
+      return I % 8 == 0;
+    case AQuant::kTensorStatic:
+      return I % 8 == 0 && spec.static_scale != nullptr;
+    case AQuant::kTensorDynamic:
+      return false;  // needs the amax of every row of h first
+  }
+  return false;
+}
+
 void launch_act_quant(const uint16_t* y1, int64_t y1_stride, const RowSet& rows, int I,
                       const ActParams& ap, bool h_f32, const QuantSpec& spec, const QuantOut& out,
                       cudaStream_t stream) {
   if (rows.num_rows == 0 || I == 0) return;
-  const Act act = static_cast<Act>(ap.act);
-  if (spec.kind != AQuant::kGroupDynamic || spec.gk != 128 || I % 128 != 0 || !act_is_gated(act) ||
-      act == Act::kSwigluOai)
+  if (!act_quant_fusable(spec, I, ap))
     throw NotImplementedError(
         "cuda: the fused activation + quantisation takes gated activations with gate | up halves "
-        "and 1 x 128 dynamic groups only");
+        "and 1 x 128 dynamic groups, per-token dynamic or static per-tensor scales only");
+  if ((y1_stride % 8) != 0 || (reinterpret_cast<uintptr_t>(y1) & 15) != 0 ||
+      out.q_stride % 8 != 0 || (reinterpret_cast<uintptr_t>(out.q) & 7) != 0)
+    throw ValueError("cuda: the fused activation + quantisation needs aligned y1 and code rows");
+  if (spec.kind == AQuant::kTokenDynamic) {
+    if (h_f32)
+      act_quant_token_kernel<true><<<rows.num_rows, 256, 0, stream>>>(y1, y1_stride, rows, I, ap,
+                                                                      out.q, out.q_stride, out.s);
+    else
+      act_quant_token_kernel<false><<<rows.num_rows, 256, 0, stream>>>(y1, y1_stride, rows, I, ap,
+                                                                       out.q, out.q_stride, out.s);
+    FP8MOE_CUDA_CHECK_LAUNCH();
+    return;
+  }
+  if (spec.kind == AQuant::kTensorStatic) {
+    const bool two = I % 16 == 0;
+    const unsigned blocks = stride_blocks(int64_t(rows.num_rows) * (I / (two ? 16 : 8)));
+#define FP8MOE_AQT(F, C)                                     \
+  act_quant_tensor_kernel<F, C><<<blocks, 256, 0, stream>>>( \
+      y1, y1_stride, rows, I, ap, out.q, out.q_stride, spec.static_scale, out.s)
+    if (h_f32) {
+      if (two)
+        FP8MOE_AQT(true, 2);
+      else
+        FP8MOE_AQT(true, 1);
+    } else {
+      if (two)
+        FP8MOE_AQT(false, 2);
+      else
+        FP8MOE_AQT(false, 1);
+    }
+#undef FP8MOE_AQT
+    FP8MOE_CUDA_CHECK_LAUNCH();
+    return;
+  }
   const unsigned blocks = static_cast<unsigned>(ceil_div(int64_t(rows.num_rows) * (I / 8), 256));
   if (h_f32)
     act_quant_group_kernel<true><<<blocks, 256, 0, stream>>>(y1, y1_stride, rows, I, ap, out.q,

@@ -215,6 +215,120 @@ __global__ void __launch_bounds__(256)
   }
 }
 
+// The per-token and per-tensor quantisers above, eight columns per thread (16-byte loads, 8-byte
+// stores) where the row layout allows it (vec8_ok): the same operations on every element, so the
+// same bits. The scalar kernels touch one element per thread and were measured at 0.2-0.5 TB/s on
+// the H200 (docs/PERFORMANCE.md, run 18).
+template <typename T>
+__device__ __forceinline__ float row_max8(const T* x, RowScale rs, int sr, int c8_per_row) {
+  float amax = 0.0f;
+  for (int c8 = threadIdx.x; c8 < c8_per_row; c8 += blockDim.x) {
+    float v[8];
+    load8<T>(x + c8 * 8, v);
+#pragma unroll
+    for (int i = 0; i < 8; ++i)
+      amax = fmaxf(amax, fabsf(row_scale_apply(rs, v[i], sr, sizeof(T) == 2)));
+  }
+  return amax;
+}
+
+// Block-wide max of one value per thread (blockDim.x a multiple of 32, at most 1024).
+__device__ __forceinline__ float block_max(float v) {
+  __shared__ float red[32];
+  v = warp_max(v);
+  if ((threadIdx.x & 31) == 0) red[threadIdx.x >> 5] = v;
+  __syncthreads();
+  v = 0.0f;
+  for (int i = 0; i < static_cast<int>(blockDim.x >> 5); ++i) v = fmaxf(v, red[i]);
+  return v;
+}
+
+// quant_token_kernel, eight columns per thread: one block per row.
+template <typename T>
+__global__ void __launch_bounds__(256)
+    quant_token8_kernel(const T* __restrict__ src, int64_t src_stride, RowSet rows, RowScale rs,
+                        int cols, uint8_t* __restrict__ q, int64_t q_stride,
+                        float* __restrict__ s_out) {
+  const int row = blockIdx.x;
+  if (!row_valid(rows, row)) return;  // uniform per block
+  const int sr = src_row(rows, row);
+  const T* x = src + int64_t(sr) * src_stride;
+  const int c8_per_row = cols / 8;
+  const float amax = block_max(row_max8<T>(x, rs, sr, c8_per_row));
+  const float s = fmaxf(amax / kFp8Max, 1.0f / (kFp8Max * 512.0f));
+  for (int c8 = threadIdx.x; c8 < c8_per_row; c8 += blockDim.x) {
+    float v[8];
+    load8<T>(x + c8 * 8, v);
+    uint32_t w[4];
+#pragma unroll
+    for (int i = 0; i < 4; ++i)
+      w[i] = float2_to_e4m3x2(row_scale_apply(rs, v[2 * i], sr, sizeof(T) == 2) / s,
+                              row_scale_apply(rs, v[2 * i + 1], sr, sizeof(T) == 2) / s);
+    *reinterpret_cast<uint2*>(q + int64_t(row) * q_stride + c8 * 8) =
+        make_uint2(w[0] | (w[1] << 16), w[2] | (w[3] << 16));
+  }
+  if (threadIdx.x == 0) s_out[row] = s;
+}
+
+// quant_tensor_kernel, 8 x kC columns per thread over the flattened (row, column / (8 kC)) range
+// (kC = 2 where the columns allow it: two 16-byte loads in flight per thread).
+template <typename T, int kC>
+__global__ void __launch_bounds__(256)
+    quant_tensor8_kernel(const T* __restrict__ src, int64_t src_stride, RowSet rows, RowScale rs,
+                         int cols, uint8_t* __restrict__ q, int64_t q_stride,
+                         const float* __restrict__ static_scale,
+                         const unsigned int* __restrict__ amax_bits, float* __restrict__ s_out) {
+  const float s = static_scale ? static_scale[0] : __uint_as_float(*amax_bits) / kFp8Max;
+  const float inv = 1.0f / s;  // scaled_fp8_conversion multiplies by the inverse scale
+  if (blockIdx.x == 0 && threadIdx.x == 0) s_out[0] = s;
+  const int units = cols / (8 * kC);
+  const int64_t n = int64_t(rows.num_rows) * units;
+  for (int64_t idx = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; idx < n;
+       idx += int64_t(gridDim.x) * blockDim.x) {
+    const int row = static_cast<int>(idx / units);
+    const int c8 = static_cast<int>(idx % units) * kC;
+    if (!row_valid(rows, row)) continue;
+    const int sr = src_row(rows, row);
+    float v[kC][8];
+#pragma unroll
+    for (int k = 0; k < kC; ++k) load8<T>(src + int64_t(sr) * src_stride + (c8 + k) * 8, v[k]);
+#pragma unroll
+    for (int k = 0; k < kC; ++k) {
+      uint32_t w[4];
+#pragma unroll
+      for (int i = 0; i < 4; ++i)
+        w[i] = float2_to_e4m3x2(row_scale_apply(rs, v[k][2 * i], sr, sizeof(T) == 2) * inv,
+                                row_scale_apply(rs, v[k][2 * i + 1], sr, sizeof(T) == 2) * inv);
+      *reinterpret_cast<uint2*>(q + int64_t(row) * q_stride + (c8 + k) * 8) =
+          make_uint2(w[0] | (w[1] << 16), w[2] | (w[3] << 16));
+    }
+  }
+}
+
+// amax_kernel over the flattened (row, column / 8) range.
+template <typename T>
+__global__ void __launch_bounds__(256)
+    amax8_kernel(const T* __restrict__ src, int64_t src_stride, RowSet rows, RowScale rs, int cols,
+                 unsigned int* __restrict__ amax_bits) {
+  const int c8_per_row = cols / 8;
+  const int64_t n = int64_t(rows.num_rows) * c8_per_row;
+  float amax = 0.0f;
+  for (int64_t idx = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; idx < n;
+       idx += int64_t(gridDim.x) * blockDim.x) {
+    const int row = static_cast<int>(idx / c8_per_row);
+    const int c8 = static_cast<int>(idx % c8_per_row);
+    if (!row_valid(rows, row)) continue;
+    const int sr = src_row(rows, row);
+    float v[8];
+    load8<T>(src + int64_t(sr) * src_stride + c8 * 8, v);
+#pragma unroll
+    for (int i = 0; i < 8; ++i)
+      amax = fmaxf(amax, fabsf(row_scale_apply(rs, v[i], sr, sizeof(T) == 2)));
+  }
+  amax = warp_max(amax);
+  if ((threadIdx.x & 31) == 0) atomicMax(amax_bits, __float_as_uint(amax));
+}
+
 // ---- activations -------------------------------------------------------------------------------
 // Rounding to the activation dtype.
 __device__ __forceinline__ float round_act(const ActParams& ap, float v) {
@@ -356,6 +470,96 @@ __global__ void __launch_bounds__(256)
   const float s = group_scale(amax, ue8m0 != 0, min_scale);
   *reinterpret_cast<uint2*>(q + int64_t(row) * q_stride + c8 * 8) = quant8(v, s);
   if ((c8 % kTpg) == 0) s_out[int64_t(row) * s_stride + c8 / kTpg] = s;
+}
+
+// Gated activation and a per-tensor (static scale) or per-token (dynamic) quantisation of h in one
+// kernel, h never written: the values of activation_kernel (h rounded to bf16, or kept f32 when
+// kHF32) followed by quant_tensor_kernel / quant_token_kernel on h. y1 (rows, 2 I) bf16 with
+// gate | up halves; I a multiple of 8.
+template <bool kHF32>
+__device__ __forceinline__ void act8(const ActParams& ap, const uint16_t* y, int I, int c8,
+                                     float (&v)[8]) {
+  float g[8], u[8];
+  load8<uint16_t>(y + c8 * 8, g);
+  load8<uint16_t>(y + I + c8 * 8, u);
+#pragma unroll
+  for (int i = 0; i < 8; ++i) {
+    const float r = act_gated(ap, g[i], u[i]);
+    v[i] = kHF32 ? r : bf16_round(r);
+  }
+}
+
+// Per-tensor static scale: flattened (row, column / (8 kC)) range, 8 x kC columns per thread
+// (kC = 2 where I allows it: four 16-byte loads in flight per thread).
+template <bool kHF32, int kC>
+__global__ void __launch_bounds__(256)
+    act_quant_tensor_kernel(const uint16_t* __restrict__ y1, int64_t y1_stride, RowSet rows, int I,
+                            ActParams ap, uint8_t* __restrict__ q, int64_t q_stride,
+                            const float* __restrict__ static_scale, float* __restrict__ s_out) {
+  const float s = static_scale[0];
+  const float inv = 1.0f / s;
+  if (blockIdx.x == 0 && threadIdx.x == 0) s_out[0] = s;
+  const int units = I / (8 * kC);
+  const int64_t n = int64_t(rows.num_rows) * units;
+  for (int64_t idx = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; idx < n;
+       idx += int64_t(gridDim.x) * blockDim.x) {
+    const int row = static_cast<int>(idx / units);
+    const int c8 = static_cast<int>(idx % units) * kC;
+    if (!row_valid(rows, row)) continue;
+    const uint16_t* y = y1 + int64_t(row) * y1_stride;
+    float g[kC][8], u[kC][8];
+#pragma unroll
+    for (int k = 0; k < kC; ++k) {
+      load8<uint16_t>(y + (c8 + k) * 8, g[k]);
+      load8<uint16_t>(y + I + (c8 + k) * 8, u[k]);
+    }
+#pragma unroll
+    for (int k = 0; k < kC; ++k) {
+      float v[8];
+#pragma unroll
+      for (int i = 0; i < 8; ++i) {
+        const float r = act_gated(ap, g[k][i], u[k][i]);
+        v[i] = kHF32 ? r : bf16_round(r);
+      }
+      uint32_t w[4];
+#pragma unroll
+      for (int i = 0; i < 4; ++i) w[i] = float2_to_e4m3x2(v[2 * i] * inv, v[2 * i + 1] * inv);
+      *reinterpret_cast<uint2*>(q + int64_t(row) * q_stride + (c8 + k) * 8) =
+          make_uint2(w[0] | (w[1] << 16), w[2] | (w[3] << 16));
+    }
+  }
+}
+
+// Per-token dynamic scale: one block per row; h is computed twice (the row's amax, then the
+// codes), the second pass reading y1 from cache.
+template <bool kHF32>
+__global__ void __launch_bounds__(256)
+    act_quant_token_kernel(const uint16_t* __restrict__ y1, int64_t y1_stride, RowSet rows, int I,
+                           ActParams ap, uint8_t* __restrict__ q, int64_t q_stride,
+                           float* __restrict__ s_out) {
+  const int row = blockIdx.x;
+  if (!row_valid(rows, row)) return;  // uniform per block
+  const uint16_t* y = y1 + int64_t(row) * y1_stride;
+  const int c8_per_row = I / 8;
+  float amax = 0.0f;
+  for (int c8 = threadIdx.x; c8 < c8_per_row; c8 += blockDim.x) {
+    float v[8];
+    act8<kHF32>(ap, y, I, c8, v);
+#pragma unroll
+    for (int i = 0; i < 8; ++i) amax = fmaxf(amax, fabsf(v[i]));
+  }
+  amax = block_max(amax);
+  const float s = fmaxf(amax / kFp8Max, 1.0f / (kFp8Max * 512.0f));
+  for (int c8 = threadIdx.x; c8 < c8_per_row; c8 += blockDim.x) {
+    float v[8];
+    act8<kHF32>(ap, y, I, c8, v);
+    uint32_t w[4];
+#pragma unroll
+    for (int i = 0; i < 4; ++i) w[i] = float2_to_e4m3x2(v[2 * i] / s, v[2 * i + 1] / s);
+    *reinterpret_cast<uint2*>(q + int64_t(row) * q_stride + c8 * 8) =
+        make_uint2(w[0] | (w[1] << 16), w[2] | (w[3] << 16));
+  }
+  if (threadIdx.x == 0) s_out[row] = s;
 }
 
 }  // namespace fp8moe::cuda

@@ -36,4 +36,72 @@ __global__ void __launch_bounds__(256)
   }
 }
 
+// moe_sum_kernel with 16-byte loads: one thread per 8 columns of one token over the flattened
+// (token, column / 8) range, every valid slot's load issued before the in-order sum. The same
+// operations in the same order per element, so the same bits. Needs H % 8 == 0 and 16-byte aligned
+// y2 and out. Measured 2.4-2.8 TB/s for the scalar kernel on the H200 (run 18).
+template <typename TY>
+__device__ __forceinline__ void load8_as_float(const TY* p, float (&v)[8]) {
+  if constexpr (sizeof(TY) == 2) {
+    const uint4 u = *reinterpret_cast<const uint4*>(p);
+    const uint32_t w[4] = {u.x, u.y, u.z, u.w};
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      v[2 * i] = __uint_as_float(w[i] << 16);
+      v[2 * i + 1] = __uint_as_float(w[i] & 0xFFFF0000u);
+    }
+  } else {
+    const float4 a = reinterpret_cast<const float4*>(p)[0];
+    const float4 b = reinterpret_cast<const float4*>(p)[1];
+    v[0] = a.x, v[1] = a.y, v[2] = a.z, v[3] = a.w, v[4] = b.x, v[5] = b.y, v[6] = b.z, v[7] = b.w;
+  }
+}
+
+constexpr int kSumMaxTopk = 32;
+
+template <typename TY, typename TO>
+__global__ void __launch_bounds__(256)
+    moe_sum8_kernel(const TY* __restrict__ y2, const int32_t* __restrict__ topk_ids,
+                    const int32_t* __restrict__ expert_map, int E_global, int E_local, int M,
+                    int topk, int H, TO* __restrict__ out) {
+  const int c8_per_row = H / 8;
+  const int64_t n = int64_t(M) * c8_per_row;
+  for (int64_t idx = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; idx < n;
+       idx += int64_t(gridDim.x) * blockDim.x) {
+    const int t = static_cast<int>(idx / c8_per_row);
+    const int c0 = static_cast<int>(idx % c8_per_row) * 8;
+    uint32_t valid = 0;  // bit j: slot j was computed (topk <= 32)
+    for (int j = 0; j < topk; ++j)
+      if (local_expert(topk_ids[int64_t(t) * topk + j], expert_map, E_global, E_local) >= 0)
+        valid |= 1u << j;
+    float acc[8] = {};
+    const TY* y = y2 + int64_t(t) * topk * H + c0;
+    // four slots' loads in flight at a time, summed in slot order
+    for (int j0 = 0; j0 < topk; j0 += 4) {
+      float v[4][8];
+#pragma unroll
+      for (int d = 0; d < 4; ++d)
+        if (j0 + d < topk && ((valid >> (j0 + d)) & 1u)) load8_as_float<TY>(y + (j0 + d) * H, v[d]);
+#pragma unroll
+      for (int d = 0; d < 4; ++d)
+        if (j0 + d < topk && ((valid >> (j0 + d)) & 1u)) {
+#pragma unroll
+          for (int i = 0; i < 8; ++i) acc[i] += v[d][i];
+        }
+    }
+    if constexpr (sizeof(TO) == 2) {
+      uint32_t w[4];
+#pragma unroll
+      for (int i = 0; i < 4; ++i)
+        w[i] = uint32_t(float_to_bf16_bits(acc[2 * i])) |
+               (uint32_t(float_to_bf16_bits(acc[2 * i + 1])) << 16);
+      *reinterpret_cast<uint4*>(out + int64_t(t) * H + c0) = make_uint4(w[0], w[1], w[2], w[3]);
+    } else {
+      float4* o = reinterpret_cast<float4*>(out + int64_t(t) * H + c0);
+      o[0] = make_float4(acc[0], acc[1], acc[2], acc[3]);
+      o[1] = make_float4(acc[4], acc[5], acc[6], acc[7]);
+    }
+  }
+}
+
 }  // namespace fp8moe::cuda

@@ -1,5 +1,7 @@
 // The routing kernels (one block per token over smxx_moe_routing.cuh's route_token_block; one warp
 // per token over route_token_warp), the launcher of the first and the test hook of both.
+#include <algorithm>
+#include <cstdlib>
 #include <string>
 
 #include "cuda_check.hpp"
@@ -53,11 +55,41 @@ void launch_route_warp(const RoutingParams& rp, int M, int E, int topk, int32_t*
   FP8MOE_CUDA_CHECK_LAUNCH();
 }
 
+// From this many tokens on, for 256 to kRouteWarpMaxExperts experts, one warp per token: a token's
+// routing is a longer dependent chain in one warp (14-20 us against 6-8 us for one block, run 13),
+// but a block per token occupies the card for M / (blocks per SM x SMs) waves of that latency.
+// Measured (run 18, ncu, each kernel alone):
+//   DeepSeek-V3 (256 experts, grouped top-k): block 7.2 / 9.4 / 14.3 / 24.4 / 78.7 us, warp 18.8 /
+//     18.6 / 19.2 / 21.5 / 46.4 us at M = 256 / 512 / 1024 / 2048 / 8192;
+//   MiniMax-M2 (256, sigmoid + bias): block 17.5 / 56.7, warp 14.5 / 32.8 at M = 2048 / 8192;
+//   Qwen3-Next (512, softmax): block 10.1 / 16.3 / 28.0 / 51.3 / 189.0, warp 10.9 / 10.7 / 11.0 /
+//     14.2 / 38.5 at M = 256 / 512 / 1024 / 2048 / 8192;
+//   128 experts (Qwen3-235B) and 8 (Mixtral): the block kernel as fast or faster at 2048 and 8192
+//     (10.0 / 27.8 vs 11.5 / 29.4 us; 6.0 / 12.3 vs 7.7 / 14.1 us).
+// FP8MOE_ROUTE_WARP_MIN overrides the token count (measurement only).
+int route_warp_min(int E) {
+  static const int env = [] {
+    const char* e = std::getenv("FP8MOE_ROUTE_WARP_MIN");
+    if (!e || !*e) return -1;
+    char* end = nullptr;
+    const long n = std::strtol(e, &end, 10);
+    if (!end || *end || n < 0)
+      throw ValueError(std::string("FP8MOE_ROUTE_WARP_MIN='") + e + "' is not a token count");
+    return static_cast<int>(std::min<long>(n, 1L << 30));
+  }();
+  if (env >= 0) return env;
+  return E > 256 ? 512 : 2048;
+}
+
 }  // namespace
 
 void launch_route(const RoutingParams& rp, int M, int E, int topk, int32_t* ids, float* w,
                   cudaStream_t stream) {
   if (M == 0) return;
+  if (E >= 256 && E <= kRouteWarpMaxExperts && M >= route_warp_min(E)) {
+    launch_route_warp(rp, M, E, topk, ids, w, stream);
+    return;
+  }
   moe_route_kernel<<<static_cast<unsigned>(M), route_threads(E), route_smem_bytes(E), stream>>>(
       rp, E, topk, ids, w);
   FP8MOE_CUDA_CHECK_LAUNCH();
