@@ -6,6 +6,7 @@
 
 #include "kernels/cuda/fused_moe_cuda.hpp"
 #include "kernels/cuda/grouped_moe_cuda.hpp"
+#include "kernels/cuda/moe_params.hpp"
 
 // A GPU with the compiled architecture (sm_90a).
 #define SKIP_WITHOUT_GPU()                                                                \
@@ -22,3 +23,26 @@
     if (!::fp8moe::cuda::grouped_impl().available())                                      \
       GTEST_SKIP() << "no sm_90 GPU with this binary's sm_90a kernels is available here"; \
   } while (0)
+
+namespace fp8moe::testing {
+
+// The activation parameters of the kernel-level activation tests: `act` with, when `limit`, a clamp
+// limit of 7; the un-interleaved SwiGLU-OAI with its op defaults (limit 7, alpha 1.702, beta 1);
+// fp32_silu: the fused SiLU+quant semantics (h kept in f32).
+inline cuda::ActParams act_params_for_test(cuda::Act act, bool limit, bool fp32_silu) {
+  cuda::ActParams ap;
+  ap.act = static_cast<int32_t>(act);
+  if (limit) {
+    ap.has_limit = 1;
+    ap.limit = 7.0f;
+  }
+  if (act == cuda::Act::kSwigluOaiUninterleave) {
+    ap.limit = 7.0f;
+    ap.alpha = 1.702f;
+    ap.beta = 1.0f;
+  }
+  ap.fp32_silu = fp32_silu ? 1 : 0;
+  return ap;
+}
+
+}  // namespace fp8moe::testing

@@ -49,7 +49,8 @@ Tensor poisoned(int64_t bytes) {
 
 int32_t* i32(Tensor& t) { return static_cast<int32_t*>(t.data()); }
 
-// ---- alignment -----------------------------------------------------------------------------------
+// ---- alignment
+// -----------------------------------------------------------------------------------
 
 struct AlignCase {
   int num_valid, E_global, E_local, bm;
@@ -65,7 +66,8 @@ AlignResult run_align(const Tensor& ids, const Tensor* map, const AlignCase& c, 
   Tensor sorted = poisoned(int64_t(capacity) * 4), blk = poisoned(int64_t(capacity / c.bm) * 4),
          meta = poisoned(16), cnt = poisoned(int64_t(c.E_local) * 4),
          off = poisoned(int64_t(c.E_local + 1) * 4), ppos = poisoned(int64_t(c.num_valid) * 4),
-         scratch = poisoned(static_cast<int64_t>(cuda::align_scratch_bytes(c.num_valid, c.E_local)));
+         scratch =
+             poisoned(static_cast<int64_t>(cuda::align_scratch_bytes(c.num_valid, c.E_local)));
   cuda::AlignOut out{i32(sorted), i32(blk), i32(meta), i32(cnt), i32(off), i32(ppos), i32(scratch)};
   cuda::launch_align(static_cast<const int32_t*>(ids.data()), c.num_valid,
                      map ? static_cast<const int32_t*>(map->data()) : nullptr, c.E_global,
@@ -77,9 +79,10 @@ AlignResult run_align(const Tensor& ids, const Tensor* map, const AlignCase& c, 
 
 TEST(CudaAuxKernels, ManyBlockAlignmentMatchesOneBlock) {
   SKIP_WITHOUT_GPU();
-  for (const AlignCase c : {AlignCase{4096, 256, 256, 16, false}, AlignCase{65541, 256, 256, 64, false},
-                            AlignCase{20000, 64, 16, 128, true}, AlignCase{300000, 1024, 1024, 32, false},
-                            AlignCase{1500, 8, 8, 128, true}}) {
+  for (const AlignCase c :
+       {AlignCase{4096, 256, 256, 16, false}, AlignCase{65541, 256, 256, 64, false},
+        AlignCase{20000, 64, 16, 128, true}, AlignCase{300000, 1024, 1024, 32, false},
+        AlignCase{1500, 8, 8, 128, true}}) {
     SCOPED_TRACE(::testing::Message() << "pairs " << c.num_valid << " E " << c.E_global << "/"
                                       << c.E_local << " bm " << c.bm);
     std::mt19937 rng(c.num_valid);
@@ -88,7 +91,8 @@ TEST(CudaAuxKernels, ManyBlockAlignmentMatchesOneBlock) {
     for (auto& v : ids) v = drop(rng) < 3 ? -1 : pick(rng);
     std::vector<int32_t> map(c.E_global, -1);
     if (c.map)  // every fourth expert is local (the others on other ranks)
-      for (int g = 0, l = 0; g < c.E_global && l < c.E_local; g += c.E_global / c.E_local) map[g] = l++;
+      for (int g = 0, l = 0; g < c.E_global && l < c.E_local; g += c.E_global / c.E_local)
+        map[g] = l++;
     const auto local = [&](int32_t gid) {
       if (gid < 0 || gid >= c.E_global) return -1;
       return c.map ? map[gid] : gid;
@@ -120,18 +124,21 @@ TEST(CudaAuxKernels, ManyBlockAlignmentMatchesOneBlock) {
         }
       }
       for (int p = total; p < capacity; ++p)
-        if (r->sorted[p] != -1 && bad++ < 5) ADD_FAILURE() << "row " << p << " past the end written";
+        if (r->sorted[p] != -1 && bad++ < 5)
+          ADD_FAILURE() << "row " << p << " past the end written";
       for (int i = 0; i < c.num_valid; ++i) {
         const int want = local(ids[i]) >= 0 ? 1 : 0;
         if ((seen[i] != want || (!want && r->ppos[i] != -1)) && bad++ < 5)
-          ADD_FAILURE() << "pair " << i << " placed " << seen[i] << " times, pair_pos " << r->ppos[i];
+          ADD_FAILURE() << "pair " << i << " placed " << seen[i] << " times, pair_pos "
+                        << r->ppos[i];
       }
       EXPECT_EQ(bad, 0);
     }
   }
 }
 
-// ---- quantisers ----------------------------------------------------------------------------------
+// ---- quantisers
+// ----------------------------------------------------------------------------------
 
 // Sorted rows over `tokens` tokens with topk pairs each, aligned to 16 with padding rows, gathered
 // (source row = sorted id / topk), a few pairs dropped.
@@ -194,47 +201,47 @@ TEST(CudaAuxKernels, VectorisedQuantisersMatchScalar) {
   SKIP_WITHOUT_GPU();
   const int tokens = 150;
   for (const int cols : {640, 648})  // 16 and 8 columns per thread
-  for (const bool f32 : {false, true}) {
-    for (const cuda::AQuant kind :
-         {cuda::AQuant::kTokenDynamic, cuda::AQuant::kTensorStatic, cuda::AQuant::kTensorDynamic}) {
-      SCOPED_TRACE(::testing::Message() << (f32 ? "f32" : "bf16") << " kind " << int(kind)
-                                        << " cols " << cols);
-      std::mt19937 rng(11 + int(kind) + 10 * f32);
-      SortedRows rows = make_rows(tokens, rng);
-      const std::vector<float> x = randn(size_t(tokens) * cols, rng, 3.0f);
-      const std::vector<float> w = randn(size_t(tokens), rng, 1.0f);  // router weight per token
-      const Tensor dw = to_device(w, DType::kF32);
-      const Tensor dscale = to_device(std::vector<float>{0.004f}, DType::kF32);
-      Tensor amax = poisoned(16);
-      std::vector<std::vector<uint8_t>> q;
-      std::vector<std::vector<float>> s;
-      for (const int stride : {cols, cols + 1}) {  // aligned: eight columns per thread; scalar
-        const Tensor src = strided(x, tokens, cols, stride, f32);
-        Tensor dq = poisoned(int64_t(rows.rows) * cols), ds = poisoned(int64_t(rows.rows) * 4);
-        cuda::QuantSpec spec;
-        spec.kind = kind;
-        spec.static_scale = static_cast<const float*>(dscale.data());
-        spec.amax_ws = static_cast<unsigned*>(amax.data());
-        cuda::launch_quant(spec, src.data(), f32, stride, rows.set(true),
-                           cuda::RowScale{static_cast<const float*>(dw.data())}, cols,
-                           cuda::QuantOut{static_cast<uint8_t*>(dq.data()), cols,
-                                          static_cast<float*>(ds.data()), 1},
-                           nullptr);
-        ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
-        q.push_back(to_host<uint8_t>(dq));
-        s.push_back(to_host<float>(ds));
+    for (const bool f32 : {false, true}) {
+      for (const cuda::AQuant kind : {cuda::AQuant::kTokenDynamic, cuda::AQuant::kTensorStatic,
+                                      cuda::AQuant::kTensorDynamic}) {
+        SCOPED_TRACE(::testing::Message()
+                     << (f32 ? "f32" : "bf16") << " kind " << int(kind) << " cols " << cols);
+        std::mt19937 rng(11 + int(kind) + 10 * f32);
+        SortedRows rows = make_rows(tokens, rng);
+        const std::vector<float> x = randn(size_t(tokens) * cols, rng, 3.0f);
+        const std::vector<float> w = randn(size_t(tokens), rng, 1.0f);  // router weight per token
+        const Tensor dw = to_device(w, DType::kF32);
+        const Tensor dscale = to_device(std::vector<float>{0.004f}, DType::kF32);
+        Tensor amax = poisoned(16);
+        std::vector<std::vector<uint8_t>> q;
+        std::vector<std::vector<float>> s;
+        for (const int stride : {cols, cols + 1}) {  // aligned: eight columns per thread; scalar
+          const Tensor src = strided(x, tokens, cols, stride, f32);
+          Tensor dq = poisoned(int64_t(rows.rows) * cols), ds = poisoned(int64_t(rows.rows) * 4);
+          cuda::QuantSpec spec;
+          spec.kind = kind;
+          spec.static_scale = static_cast<const float*>(dscale.data());
+          spec.amax_ws = static_cast<unsigned*>(amax.data());
+          cuda::launch_quant(spec, src.data(), f32, stride, rows.set(true),
+                             cuda::RowScale{static_cast<const float*>(dw.data())}, cols,
+                             cuda::QuantOut{static_cast<uint8_t*>(dq.data()), cols,
+                                            static_cast<float*>(ds.data()), 1},
+                             nullptr);
+          ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+          q.push_back(to_host<uint8_t>(dq));
+          s.push_back(to_host<float>(ds));
+        }
+        EXPECT_EQ(q[0], q[1]) << "codes differ";
+        EXPECT_EQ(std::memcmp(s[0].data(), s[1].data(), s[0].size() * 4), 0) << "scales differ";
+        int64_t saturated = 0, written = 0;
+        for (const uint8_t b : q[0]) {
+          saturated += (b & 0x7F) == 0x7E;
+          written += b != 0xFF;
+        }
+        EXPECT_GT(written, int64_t(tokens) * 2 * cols * 9 / 10);
+        if (kind == cuda::AQuant::kTensorStatic) EXPECT_GT(saturated, 0);
       }
-      EXPECT_EQ(q[0], q[1]) << "codes differ";
-      EXPECT_EQ(std::memcmp(s[0].data(), s[1].data(), s[0].size() * 4), 0) << "scales differ";
-      int64_t saturated = 0, written = 0;
-      for (const uint8_t b : q[0]) {
-        saturated += (b & 0x7F) == 0x7E;
-        written += b != 0xFF;
-      }
-      EXPECT_GT(written, int64_t(tokens) * 2 * cols * 9 / 10);
-      if (kind == cuda::AQuant::kTensorStatic) EXPECT_GT(saturated, 0);
     }
-  }
 }
 
 TEST(CudaAuxKernels, FusedActivationQuantisationMatchesTwoKernels) {
@@ -247,60 +254,50 @@ TEST(CudaAuxKernels, FusedActivationQuantisationMatchesTwoKernels) {
                       Act{cuda::Act::kSilu, false, true}, Act{cuda::Act::kGelu, false, false},
                       Act{cuda::Act::kSwigluOaiUninterleave, false, false}}) {
     for (const cuda::AQuant kind : {cuda::AQuant::kTokenDynamic, cuda::AQuant::kTensorStatic})
-    for (const int I : {384, 392}) {  // 16 and 8 columns per thread (per-tensor)
-      const int N = 2 * I;
-      SCOPED_TRACE(::testing::Message() << "act " << int(a.act) << " limit " << a.limit
-                                        << " fp32_silu " << a.fp32_silu << " kind " << int(kind)
-                                        << " I " << I);
-      std::mt19937 rng(5 + int(a.act));
-      SortedRows rows = make_rows(100, rng);
-      const Tensor y1 = strided(randn(size_t(rows.rows) * N, rng, 2.5f), rows.rows, N, N, false);
-      cuda::ActParams ap;
-      ap.act = static_cast<int32_t>(a.act);
-      if (a.limit) {
-        ap.has_limit = 1;
-        ap.limit = 7.0f;
+      for (const int I : {384, 392}) {  // 16 and 8 columns per thread (per-tensor)
+        const int N = 2 * I;
+        SCOPED_TRACE(::testing::Message()
+                     << "act " << int(a.act) << " limit " << a.limit << " fp32_silu " << a.fp32_silu
+                     << " kind " << int(kind) << " I " << I);
+        std::mt19937 rng(5 + int(a.act));
+        SortedRows rows = make_rows(100, rng);
+        const Tensor y1 = strided(randn(size_t(rows.rows) * N, rng, 2.5f), rows.rows, N, N, false);
+        const cuda::ActParams ap = testing::act_params_for_test(a.act, a.limit, a.fp32_silu);
+        const bool h_f32 = a.fp32_silu;
+        const Tensor dscale = to_device(std::vector<float>{0.01f}, DType::kF32);
+        cuda::QuantSpec spec;
+        spec.kind = kind;
+        spec.static_scale = static_cast<const float*>(dscale.data());
+        ASSERT_TRUE(cuda::act_quant_fusable(spec, I, ap));
+        const cuda::RowSet rs = rows.set(false);
+        // two kernels: h with an unaligned stride (the scalar quantiser reads it)
+        const int hs = I + 1;
+        Tensor h = poisoned(int64_t(rows.rows) * hs * (h_f32 ? 4 : 2));
+        Tensor q0 = poisoned(int64_t(rows.rows) * I), s0 = poisoned(int64_t(rows.rows) * 4);
+        Tensor q1 = poisoned(int64_t(rows.rows) * I), s1 = poisoned(int64_t(rows.rows) * 4);
+        cuda::launch_activation(y1.data(), false, N, rs, I, ap, h.data(), h_f32, hs, nullptr);
+        cuda::launch_quant(
+            spec, h.data(), h_f32, hs, rs, cuda::RowScale{}, I,
+            cuda::QuantOut{static_cast<uint8_t*>(q0.data()), I, static_cast<float*>(s0.data()), 1},
+            nullptr);
+        cuda::launch_act_quant(
+            static_cast<const uint16_t*>(y1.data()), N, rs, I, ap, h_f32, spec,
+            cuda::QuantOut{static_cast<uint8_t*>(q1.data()), I, static_cast<float*>(s1.data()), 1},
+            nullptr);
+        ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+        const auto hq0 = to_host<uint8_t>(q0), hq1 = to_host<uint8_t>(q1);
+        const auto hs0 = to_host<float>(s0), hs1 = to_host<float>(s1);
+        EXPECT_EQ(hq0, hq1) << "codes differ";
+        EXPECT_EQ(std::memcmp(hs0.data(), hs1.data(), hs0.size() * 4), 0) << "scales differ";
+        int64_t written = 0;
+        for (const uint8_t b : hq1) written += b != 0xFF;
+        EXPECT_GT(written, int64_t(rows.num_valid) * I * 9 / 10);
       }
-      if (a.act == cuda::Act::kSwigluOaiUninterleave) {
-        ap.limit = 7.0f;
-        ap.alpha = 1.702f;
-        ap.beta = 1.0f;
-      }
-      ap.fp32_silu = a.fp32_silu ? 1 : 0;
-      const bool h_f32 = a.fp32_silu;
-      const Tensor dscale = to_device(std::vector<float>{0.01f}, DType::kF32);
-      cuda::QuantSpec spec;
-      spec.kind = kind;
-      spec.static_scale = static_cast<const float*>(dscale.data());
-      ASSERT_TRUE(cuda::act_quant_fusable(spec, I, ap));
-      const cuda::RowSet rs = rows.set(false);
-      // two kernels: h with an unaligned stride (the scalar quantiser reads it)
-      const int hs = I + 1;
-      Tensor h = poisoned(int64_t(rows.rows) * hs * (h_f32 ? 4 : 2));
-      Tensor q0 = poisoned(int64_t(rows.rows) * I), s0 = poisoned(int64_t(rows.rows) * 4);
-      Tensor q1 = poisoned(int64_t(rows.rows) * I), s1 = poisoned(int64_t(rows.rows) * 4);
-      cuda::launch_activation(y1.data(), false, N, rs, I, ap, h.data(), h_f32, hs, nullptr);
-      cuda::launch_quant(spec, h.data(), h_f32, hs, rs, cuda::RowScale{}, I,
-                         cuda::QuantOut{static_cast<uint8_t*>(q0.data()), I,
-                                        static_cast<float*>(s0.data()), 1},
-                         nullptr);
-      cuda::launch_act_quant(static_cast<const uint16_t*>(y1.data()), N, rs, I, ap, h_f32, spec,
-                             cuda::QuantOut{static_cast<uint8_t*>(q1.data()), I,
-                                            static_cast<float*>(s1.data()), 1},
-                             nullptr);
-      ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
-      const auto hq0 = to_host<uint8_t>(q0), hq1 = to_host<uint8_t>(q1);
-      const auto hs0 = to_host<float>(s0), hs1 = to_host<float>(s1);
-      EXPECT_EQ(hq0, hq1) << "codes differ";
-      EXPECT_EQ(std::memcmp(hs0.data(), hs1.data(), hs0.size() * 4), 0) << "scales differ";
-      int64_t written = 0;
-      for (const uint8_t b : hq1) written += b != 0xFF;
-      EXPECT_GT(written, int64_t(rows.num_valid) * I * 9 / 10);
-    }
   }
 }
 
-// ---- top-k sum -----------------------------------------------------------------------------------
+// ---- top-k sum
+// -----------------------------------------------------------------------------------
 
 TEST(CudaAuxKernels, VectorisedTopkSumMatchesScalar) {
   SKIP_WITHOUT_GPU();
@@ -308,8 +305,8 @@ TEST(CudaAuxKernels, VectorisedTopkSumMatchesScalar) {
   for (const bool y_f32 : {false, true}) {
     for (const bool o_f32 : {false, true}) {
       for (const bool map : {false, true}) {
-        SCOPED_TRACE(::testing::Message() << "y2 f32 " << y_f32 << " out f32 " << o_f32 << " map "
-                                          << map);
+        SCOPED_TRACE(::testing::Message()
+                     << "y2 f32 " << y_f32 << " out f32 " << o_f32 << " map " << map);
         std::mt19937 rng(3 + 2 * y_f32 + o_f32 + 4 * map);
         std::uniform_int_distribution<int> pick(-1, E - 1);
         std::vector<int32_t> ids(size_t(M) * topk);

@@ -508,18 +508,7 @@ TEST_P(CudaGroupedFusedAct, BitwiseEqualToTheUnfusedChain) {
                       static_cast<const int32_t*>(dmeta.data()), static_cast<int32_t>(rows),
                       num_valid};
   }
-  cuda::ActParams ap;
-  ap.act = static_cast<int32_t>(fc.act);
-  if (fc.limit) {
-    ap.has_limit = 1;
-    ap.limit = 7.0f;
-  }
-  if (fc.act == cuda::Act::kSwigluOaiUninterleave) {
-    ap.limit = 7.0f;
-    ap.alpha = 1.702f;
-    ap.beta = 1.0f;
-  }
-  ap.fp32_silu = fc.fp32_silu ? 1 : 0;
+  const cuda::ActParams ap = testing::act_params_for_test(fc.act, fc.limit, fc.fp32_silu);
   const bool h_f32 = fc.fp32_silu;
   const float min_scale = fc.fp32_silu ? 1.0f / (448.0f * 512.0f) : 0.0f;
   Tensor y1 = Tensor::empty({rows, N}, DType::kBF16, Device::cuda());

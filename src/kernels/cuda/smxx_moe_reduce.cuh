@@ -40,23 +40,6 @@ __global__ void __launch_bounds__(256)
 // (token, column / 8) range, every valid slot's load issued before the in-order sum. The same
 // operations in the same order per element, so the same bits. Needs H % 8 == 0 and 16-byte aligned
 // y2 and out. Measured 2.4-2.8 TB/s for the scalar kernel on the H200 (run 18).
-template <typename TY>
-__device__ __forceinline__ void load8_as_float(const TY* p, float (&v)[8]) {
-  if constexpr (sizeof(TY) == 2) {
-    const uint4 u = *reinterpret_cast<const uint4*>(p);
-    const uint32_t w[4] = {u.x, u.y, u.z, u.w};
-#pragma unroll
-    for (int i = 0; i < 4; ++i) {
-      v[2 * i] = __uint_as_float(w[i] << 16);
-      v[2 * i + 1] = __uint_as_float(w[i] & 0xFFFF0000u);
-    }
-  } else {
-    const float4 a = reinterpret_cast<const float4*>(p)[0];
-    const float4 b = reinterpret_cast<const float4*>(p)[1];
-    v[0] = a.x, v[1] = a.y, v[2] = a.z, v[3] = a.w, v[4] = b.x, v[5] = b.y, v[6] = b.z, v[7] = b.w;
-  }
-}
-
 constexpr int kSumMaxTopk = 32;
 
 template <typename TY, typename TO>
@@ -81,7 +64,7 @@ __global__ void __launch_bounds__(256)
       float v[4][8];
 #pragma unroll
       for (int d = 0; d < 4; ++d)
-        if (j0 + d < topk && ((valid >> (j0 + d)) & 1u)) load8_as_float<TY>(y + (j0 + d) * H, v[d]);
+        if (j0 + d < topk && ((valid >> (j0 + d)) & 1u)) load8<TY>(y + (j0 + d) * H, v[d]);
 #pragma unroll
       for (int d = 0; d < 4; ++d)
         if (j0 + d < topk && ((valid >> (j0 + d)) & 1u)) {
