@@ -49,8 +49,7 @@ Tensor poisoned(int64_t bytes) {
 
 int32_t* i32(Tensor& t) { return static_cast<int32_t*>(t.data()); }
 
-// ---- alignment
-// -----------------------------------------------------------------------------------
+// ---- alignment ----------------------------------------------------------------------------------
 
 struct AlignCase {
   int num_valid, E_global, E_local, bm;
@@ -137,8 +136,7 @@ TEST(CudaAuxKernels, ManyBlockAlignmentMatchesOneBlock) {
   }
 }
 
-// ---- quantisers
-// ----------------------------------------------------------------------------------
+// ---- quantisers ---------------------------------------------------------------------------------
 
 // Sorted rows over `tokens` tokens with topk pairs each, aligned to 16 with padding rows, gathered
 // (source row = sorted id / topk), a few pairs dropped.
@@ -222,6 +220,9 @@ TEST(CudaAuxKernels, VectorisedQuantisersMatchScalar) {
           spec.kind = kind;
           spec.static_scale = static_cast<const float*>(dscale.data());
           spec.amax_ws = static_cast<unsigned*>(amax.data());
+          EXPECT_EQ(cuda::quant_rows_vectorised(src.data(), f32, stride, cols,
+                                                static_cast<uint8_t*>(dq.data()), cols),
+                    stride == cols);
           cuda::launch_quant(spec, src.data(), f32, stride, rows.set(true),
                              cuda::RowScale{static_cast<const float*>(dw.data())}, cols,
                              cuda::QuantOut{static_cast<uint8_t*>(dq.data()), cols,
@@ -276,6 +277,8 @@ TEST(CudaAuxKernels, FusedActivationQuantisationMatchesTwoKernels) {
         Tensor q0 = poisoned(int64_t(rows.rows) * I), s0 = poisoned(int64_t(rows.rows) * 4);
         Tensor q1 = poisoned(int64_t(rows.rows) * I), s1 = poisoned(int64_t(rows.rows) * 4);
         cuda::launch_activation(y1.data(), false, N, rs, I, ap, h.data(), h_f32, hs, nullptr);
+        EXPECT_FALSE(cuda::quant_rows_vectorised(h.data(), h_f32, hs, I,
+                                                 static_cast<uint8_t*>(q0.data()), I));
         cuda::launch_quant(
             spec, h.data(), h_f32, hs, rs, cuda::RowScale{}, I,
             cuda::QuantOut{static_cast<uint8_t*>(q0.data()), I, static_cast<float*>(s0.data()), 1},
@@ -296,8 +299,7 @@ TEST(CudaAuxKernels, FusedActivationQuantisationMatchesTwoKernels) {
   }
 }
 
-// ---- top-k sum
-// -----------------------------------------------------------------------------------
+// ---- top-k sum ----------------------------------------------------------------------------------
 
 TEST(CudaAuxKernels, VectorisedTopkSumMatchesScalar) {
   SKIP_WITHOUT_GPU();
@@ -320,6 +322,7 @@ TEST(CudaAuxKernels, VectorisedTopkSumMatchesScalar) {
         for (const int shift : {0, 1}) {  // aligned: 16-byte kernel; shifted by one element: scalar
           Tensor out = poisoned((int64_t(M) * H + 8) * ob);
           uint8_t* o = static_cast<uint8_t*>(out.data()) + shift * ob;
+          EXPECT_EQ(cuda::moe_sum_vectorised(y2.data(), o, H, topk), shift == 0);
           cuda::launch_moe_sum(y2.data(), y_f32, static_cast<const int32_t*>(dids.data()),
                                map ? static_cast<const int32_t*>(dmap.data()) : nullptr, E, E, M,
                                topk, H, o, o_f32, nullptr);

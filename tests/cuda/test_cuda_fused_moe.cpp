@@ -746,10 +746,10 @@ TEST(CudaStreamPath, AutoChoosesSingleStreamOrGroupedForSmallBatches) {
   }
 }
 
-// Per-tensor / per-token schemes: auto takes the grouped path from 8 tokens (measured faster than
-// the stream and wgmma paths on the H200, PERFORMANCE.md run 17) when the grouped GEMMs take the
-// scheme (sm_90, one weight scale per expert, H and I in 128-blocks); below that the stream path.
-// Shard scales (two per expert) keep the grouped path out.
+// Per-tensor / per-token schemes: auto takes the grouped path at every M (measured faster than the
+// stream and wgmma paths on the H200, PERFORMANCE.md runs 17 and 18) when the grouped GEMMs take
+// the scheme (sm_90, one weight scale per expert, H and I in 128-blocks). Shard scales (two per
+// expert) keep the grouped path out.
 TEST(CudaStreamPath, AutoChoosesGroupedForPerTensorSchemes) {
   SKIP_WITHOUT_GPU();
   // which per-tensor / per-token schemes the grouped path takes on sm_90 (the exact and

@@ -23,6 +23,10 @@ void launch_align(const int32_t* topk_ids, int num_valid, const int32_t* expert_
 void launch_batched_rows(const int32_t* counts, int E_local, int T, int T_pad, int bm,
                          const AlignOut& out, cudaStream_t stream);
 
+// Whether launch_quant's per-token / per-tensor kernels for these rows take 8 or 16 columns per
+// thread (16-byte aligned source rows, 8-byte aligned code rows, cols % 8 == 0) or one.
+bool quant_rows_vectorised(const void* src, bool src_f32, int64_t src_stride, int cols,
+                           const uint8_t* q, int64_t q_stride);
 void launch_quant(const QuantSpec& spec, const void* src, bool src_f32, int64_t src_stride,
                   const RowSet& rows, const RowScale& rs, int cols, const QuantOut& out,
                   cudaStream_t stream);
@@ -52,6 +56,8 @@ void launch_gemm_mma(const GemmArgs& a, int capacity, cudaStream_t stream);
 // (make_weight_tma_wgmma).
 void launch_gemm_wgmma(const WgArgs& a, bool gemm2, int capacity, cudaStream_t stream);
 
+// Whether launch_moe_sum takes the 16-byte kernel (H % 8 == 0, topk <= 32, aligned y2 and out).
+bool moe_sum_vectorised(const void* y2, const void* out, int H, int topk);
 void launch_moe_sum(const void* y2, bool y2_f32, const int32_t* topk_ids, const int32_t* expert_map,
                     int E_global, int E_local, int M, int topk, int H, void* out, bool out_f32,
                     cudaStream_t stream);

@@ -2,6 +2,8 @@
 #include "moe_launchers.hpp"
 #include "smxx_fp8_quant.cuh"
 
+#include <string>
+
 namespace fp8moe::cuda {
 
 namespace {
@@ -89,6 +91,12 @@ void quant_typed(const QuantSpec& spec, const T* src, int64_t src_stride, const 
 
 }  // namespace
 
+bool quant_rows_vectorised(const void* src, bool src_f32, int64_t src_stride, int cols,
+                           const uint8_t* q, int64_t q_stride) {
+  return src_f32 ? vec8_ok(static_cast<const float*>(src), src_stride, cols, q, q_stride)
+                 : vec8_ok(static_cast<const uint16_t*>(src), src_stride, cols, q, q_stride);
+}
+
 void launch_quant(const QuantSpec& spec, const void* src, bool src_f32, int64_t src_stride,
                   const RowSet& rows, const RowScale& rs, int cols, const QuantOut& out,
                   cudaStream_t stream) {
@@ -142,10 +150,21 @@ void launch_act_quant(const uint16_t* y1, int64_t y1_stride, const RowSet& rows,
   if (!act_quant_fusable(spec, I, ap))
     throw NotImplementedError(
         "cuda: the fused activation + quantisation takes gated activations with gate | up halves "
-        "and 1 x 128 dynamic groups, per-token dynamic or static per-tensor scales only");
+        "(activation " +
+        std::to_string(ap.act) +
+        ") and dynamic 1 x 128 groups (I % 128 == 0), "
+        "per-token dynamic or static per-tensor scales with a scale (I % 8 == 0); got scale kind " +
+        std::to_string(static_cast<int>(spec.kind)) + ", group " + std::to_string(spec.gk) +
+        ", I = " + std::to_string(I) + (spec.static_scale ? "" : ", no static scale"));
   if ((y1_stride % 8) != 0 || (reinterpret_cast<uintptr_t>(y1) & 15) != 0 ||
       out.q_stride % 8 != 0 || (reinterpret_cast<uintptr_t>(out.q) & 7) != 0)
-    throw ValueError("cuda: the fused activation + quantisation needs aligned y1 and code rows");
+    throw ValueError(
+        "cuda: the fused activation + quantisation needs 16-byte aligned y1 rows (stride % 8 == 0) "
+        "and 8-byte aligned code rows; got y1 stride " +
+        std::to_string(y1_stride) +
+        (reinterpret_cast<uintptr_t>(y1) & 15 ? " (y1 unaligned)" : "") + ", q stride " +
+        std::to_string(out.q_stride) +
+        (reinterpret_cast<uintptr_t>(out.q) & 7 ? " (q unaligned)" : ""));
   if (spec.kind == AQuant::kTokenDynamic) {
     if (h_f32)
       act_quant_token_kernel<true><<<rows.num_rows, 256, 0, stream>>>(y1, y1_stride, rows, I, ap,

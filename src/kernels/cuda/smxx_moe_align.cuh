@@ -1,4 +1,5 @@
-// moe_align_block_size on the device (spec/numerics.md §2), in one thread block: count the
+// moe_align_block_size on the device (spec/numerics.md §2), in one thread block (many blocks for
+// large pair counts: moe_align_count / scan / place_kernel below): count the
 // (token, slot) pairs per local expert, pad every expert's list to a multiple of the GEMM's M tile,
 // and scatter the flat indices (token * topk + slot) into sorted order. Slots whose expert is -1
 // or not on this rank (expert_map) are dropped here: their contribution is zero, which is what

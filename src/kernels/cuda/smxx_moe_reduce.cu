@@ -6,25 +6,30 @@
 
 namespace fp8moe::cuda {
 
+bool moe_sum_vectorised(const void* y2, const void* out, int H, int topk) {
+  return H % 8 == 0 && topk <= kSumMaxTopk && (reinterpret_cast<uintptr_t>(y2) & 15) == 0 &&
+         (reinterpret_cast<uintptr_t>(out) & 15) == 0;
+}
+
 void launch_moe_sum(const void* y2, bool y2_f32, const int32_t* topk_ids, const int32_t* expert_map,
                     int E_global, int E_local, int M, int topk, int H, void* out, bool out_f32,
                     cudaStream_t stream) {
   if (M == 0) return;
-  const bool vec = H % 8 == 0 && topk <= kSumMaxTopk &&
-                   (reinterpret_cast<uintptr_t>(y2) & 15) == 0 &&
-                   (reinterpret_cast<uintptr_t>(out) & 15) == 0;
+  const bool vec = moe_sum_vectorised(y2, out, H, topk);
   const dim3 grid(M, static_cast<unsigned>(ceil_div(H, 256 * 8)));
   const unsigned blocks = static_cast<unsigned>(
       std::max<int64_t>(1, std::min<int64_t>(ceil_div(int64_t(M) * (H / 8), 256), 132 * 16)));
-#define FP8MOE_SUM(TY, TO)                                                                         \
-  if (vec)                                                                                         \
-    moe_sum8_kernel<TY, TO><<<blocks, 256, 0, stream>>>(static_cast<const TY*>(y2), topk_ids,      \
-                                                        expert_map, E_global, E_local, M, topk, H, \
-                                                        static_cast<TO*>(out));                    \
-  else                                                                                             \
-    moe_sum_kernel<TY, TO><<<grid, 256, 0, stream>>>(static_cast<const TY*>(y2), topk_ids,         \
-                                                     expert_map, E_global, E_local, M, topk, H,    \
-                                                     static_cast<TO*>(out))
+#define FP8MOE_SUM(TY, TO)                                                                        \
+  do {                                                                                            \
+    if (vec)                                                                                      \
+      moe_sum8_kernel<TY, TO><<<blocks, 256, 0, stream>>>(static_cast<const TY*>(y2), topk_ids,   \
+                                                          expert_map, E_global, E_local, M, topk, \
+                                                          H, static_cast<TO*>(out));              \
+    else                                                                                          \
+      moe_sum_kernel<TY, TO><<<grid, 256, 0, stream>>>(static_cast<const TY*>(y2), topk_ids,      \
+                                                       expert_map, E_global, E_local, M, topk, H, \
+                                                       static_cast<TO*>(out));                    \
+  } while (0)
   if (y2_f32) {
     if (out_f32)
       FP8MOE_SUM(float, float);

@@ -81,18 +81,22 @@ int route_warp_min(int E) {
   return E > 256 ? 512 : 2048;
 }
 
+void launch_route_block(const RoutingParams& rp, int M, int E, int topk, int32_t* ids, float* w,
+                        cudaStream_t stream) {
+  if (M == 0) return;
+  moe_route_kernel<<<static_cast<unsigned>(M), route_threads(E), route_smem_bytes(E), stream>>>(
+      rp, E, topk, ids, w);
+  FP8MOE_CUDA_CHECK_LAUNCH();
+}
+
 }  // namespace
 
 void launch_route(const RoutingParams& rp, int M, int E, int topk, int32_t* ids, float* w,
                   cudaStream_t stream) {
-  if (M == 0) return;
-  if (E >= 256 && E <= kRouteWarpMaxExperts && M >= route_warp_min(E)) {
+  if (E >= 256 && E <= kRouteWarpMaxExperts && M >= route_warp_min(E))
     launch_route_warp(rp, M, E, topk, ids, w, stream);
-    return;
-  }
-  moe_route_kernel<<<static_cast<unsigned>(M), route_threads(E), route_smem_bytes(E), stream>>>(
-      rp, E, topk, ids, w);
-  FP8MOE_CUDA_CHECK_LAUNCH();
+  else
+    launch_route_block(rp, M, E, topk, ids, w, stream);
 }
 
 void device_route(const TensorView& logits, const RoutingConfig& cfg, int32_t* ids, float* w,
@@ -107,7 +111,7 @@ void device_route(const TensorView& logits, const RoutingConfig& cfg, int32_t* i
                                 " experts, got E = " + std::to_string(E));
     launch_route_warp(rp, M, E, cfg.topk, ids, w, nullptr);
   } else {
-    launch_route(rp, M, E, cfg.topk, ids, w, nullptr);
+    launch_route_block(rp, M, E, cfg.topk, ids, w, nullptr);  // the block kernel, whatever M
   }
   FP8MOE_CUDA_CHECK(cudaDeviceSynchronize());
 }
