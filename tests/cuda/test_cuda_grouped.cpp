@@ -16,6 +16,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 #include <random>
 #include <string>
@@ -125,6 +126,9 @@ GemmRun run_gemm(cuda::GroupedGemmParams p, const HostGemm& g, const std::vector
   p.b_scale_kb = compact_scales ? 0 : 1;
   p.bias = dbias.defined() ? dbias.data() : nullptr;
   p.out = static_cast<uint16_t*>(out.view().data);
+  if (p.epi_async == 1 && p.tile_m == 128 && cuda::grouped_tile_n(p) == 256) {
+    EXPECT_TRUE(cuda::grouped_epi_async(p)) << "the asynchronous epilogue was asked for";
+  }
   cuda::launch_grouped_gemm(p, static_cast<const uint8_t*>(da.data()),
                             static_cast<const uint8_t*>(db.data()), int64_t(g.E) * g.N, max_mblk,
                             nullptr);
@@ -153,18 +157,22 @@ constexpr uint16_t kPoisonBf16 = 0x7FC0;
 
 // Kernel variant under test: the m-block (128 = tokens as wgmma's M operand; 16/32/64 = swapped
 // operands) and, for the 128-row kernel, the output tile width (128 or 256; 256 falls back to 128
-// when N % 256 != 0, which the N = 384 cases check).
+// when N % 256 != 0, which the N = 384 cases check); epi 1 = the 256 tile's asynchronous epilogue
+// (bulk copies; -1 = the library's choice).
 struct GemmTile {
   int tm, tn;
+  int epi = -1;
 };
 
 std::string tile_name(const GemmTile& t) {
-  return "tile_m" + std::to_string(t.tm) + (t.tn ? "_n" + std::to_string(t.tn) : "");
+  return "tile_m" + std::to_string(t.tm) + (t.tn ? "_n" + std::to_string(t.tn) : "") +
+         (t.epi == 1 ? "_async" : "");
 }
 
 void set_tile(cuda::GroupedGemmParams& p, const GemmTile& t) {
   p.tile_m = t.tm;
   p.tile_n = t.tn;
+  p.epi_async = t.epi;
   // the 128 x 128 tile runs as two-CTA clusters (multicast A) where the n-blocks pair up (N = 512)
   p.mcast = t.tm == 128 && t.tn == 128 ? 1 : 0;
 }
@@ -172,6 +180,9 @@ void set_tile(cuda::GroupedGemmParams& p, const GemmTile& t) {
 void expect_tile_n(const cuda::GroupedGemmParams& p, const GemmTile& t) {
   if (t.tm != 128) return;
   EXPECT_EQ(cuda::grouped_tile_n(p), t.tn == 256 && p.N % 256 == 0 ? 256 : 128) << "N " << p.N;
+  if (t.epi == 1) {
+    EXPECT_EQ(cuda::grouped_epi_async(p), p.N % 256 == 0) << "N " << p.N;
+  }
 }
 
 // Contiguous: per-expert chunks aligned to 128 rows, padding rows marked by the sentinel;
@@ -314,8 +325,9 @@ TEST_P(CudaGroupedGemm, MaskedExactBitwise) {
 }
 
 INSTANTIATE_TEST_SUITE_P(TileM, CudaGroupedGemm,
-                         ::testing::Values(GemmTile{128, 128}, GemmTile{128, 256}, GemmTile{16, 0},
-                                           GemmTile{32, 0}, GemmTile{64, 0}),
+                         ::testing::Values(GemmTile{128, 128}, GemmTile{128, 256},
+                                           GemmTile{128, 256, 1}, GemmTile{16, 0}, GemmTile{32, 0},
+                                           GemmTile{64, 0}),
                          [](const auto& info) { return tile_name(info.param); });
 
 // Long and short K: the swapped kernels copy the tile's scales to shared memory in chunks of 64 K
@@ -324,7 +336,7 @@ INSTANTIATE_TEST_SUITE_P(TileM, CudaGroupedGemm,
 // 130 blocks (a partial last chunk) must all be exact; three CTAs make each consumer warpgroup run
 // several tiles (the prefetch must not overwrite scales it still reads), with scatter and row
 // weights (the epilogue's row metadata is loaded under the K loop). The 256 tile runs the same
-// cases.
+// cases, with both epilogues (the asynchronous one loads the row metadata under the K loop too).
 TEST(CudaGroupedGemmLongK, MoreThan128KBlocksExactBitwise) {
   SKIP_WITHOUT_SM90();
   std::mt19937 rng(4242);
@@ -340,8 +352,8 @@ TEST(CudaGroupedGemmLongK, MoreThan128KBlocksExactBitwise) {
           for (size_t i = 1; i < size_t(N / 128) * (K / 128); ++i)
             g.b_scale[size_t(e) * (N / 128) * (K / 128) + i] =
                 g.b_scale[size_t(e) * (N / 128) * (K / 128)];
-      for (const GemmTile tile :
-           {GemmTile{128, 256}, GemmTile{16, 0}, GemmTile{32, 0}, GemmTile{64, 0}}) {
+      for (const GemmTile tile : {GemmTile{128, 256}, GemmTile{128, 256, 1}, GemmTile{16, 0},
+                                  GemmTile{32, 0}, GemmTile{64, 0}}) {
         const int tm = tile.tm;
         int num_valid = counts[0] + counts[1];
         std::vector<int32_t> perm(num_valid);
@@ -1001,6 +1013,37 @@ TEST(CudaGroupedSelection, RegistryLimitsAndShapeRule) {
   EXPECT_EQ(cuda::grouped_tile_n(gp), 128);
   gp.tile_n = 192;
   EXPECT_THROW(cuda::grouped_tile_n(gp), ValueError);
+  // the 256 tile's asynchronous epilogue: asked for, or by the rule for K <= 512 only; never with
+  // the fused activation, the other tiles or a destination bulk copies cannot write
+  gp.tile_n = 256;
+  gp.N = 512;
+  gp.K = 7168;
+  gp.out_stride = 512;
+  gp.epi_async = 1;
+  EXPECT_TRUE(cuda::grouped_epi_async(gp));
+  gp.epi_async = 0;
+  EXPECT_FALSE(cuda::grouped_epi_async(gp));
+  if (std::getenv("FP8MOE_GROUPED_EPI") == nullptr) {
+    gp.epi_async = -1;
+    EXPECT_FALSE(cuda::grouped_epi_async(gp));  // long K: sync
+    gp.K = 512;
+    EXPECT_TRUE(cuda::grouped_epi_async(gp));  // short K: async
+  }
+  gp.epi_async = 1;
+  gp.out_stride = 516;  // rows not 16-byte aligned
+  EXPECT_FALSE(cuda::grouped_epi_async(gp));
+  gp.out_stride = 512;
+  gp.N = 384;  // the 128 tile
+  EXPECT_FALSE(cuda::grouped_epi_async(gp));
+  gp.N = 512;
+  gp.tile_m = 64;  // swapped kernel
+  EXPECT_FALSE(cuda::grouped_epi_async(gp));
+  gp.tile_m = 128;
+  gp.fuse_act = 1;
+  EXPECT_FALSE(cuda::grouped_epi_async(gp));
+  gp.fuse_act = 0;
+  gp.epi_async = 2;
+  EXPECT_THROW(cuda::grouped_epi_async(gp), ValueError);
   // supports_config: B128 FP8 only
   const ExpertsImpl& g = cuda::grouped_impl();
   MoeConfig cfg;

@@ -60,6 +60,28 @@ int grouped_tile_n(const GroupedGemmParams& p) {
   return (want == kG2BN && p.N % kG2BN == 0) ? kG2BN : kGBN;
 }
 
+bool grouped_epi_async(const GroupedGemmParams& p) {
+  static const int env = [] {
+    const char* v = std::getenv("FP8MOE_GROUPED_EPI");
+    if (!v || !*v) return -1;
+    const std::string s(v);
+    if (s == "async") return 1;
+    if (s == "sync") return 0;
+    throw ValueError("FP8MOE_GROUPED_EPI='" + s + "' is not async or sync");
+  }();
+  if (p.epi_async < -1 || p.epi_async > 1)
+    throw ValueError("grouped GEMM: epi_async must be -1, 0 or 1");
+  if (p.tile_m != 128 || p.fuse_act || grouped_tile_n(p) != kG2BN) return false;
+  if ((reinterpret_cast<uintptr_t>(p.out) & 15) != 0 || p.out_stride % 8 != 0) return false;
+  int want = p.epi_async >= 0 ? p.epi_async : env;
+  // The rule: async for short K only (<= 4 K blocks: the GEMM2 of the TP-sharded shapes), where
+  // the per-tile epilogue weighs most and 3 stages cover the K loop. Measured on the H200
+  // (docs/PERFORMANCE.md, grouped run 7): DeepSeek TP8 GEMM2 (K = 256) in the M = 8192 layer 649
+  // -> 600 us; with long K the lost fourth stage costs 1-7% (GEMM1 of every shape).
+  if (want < 0) want = p.K <= 512 ? 1 : 0;
+  return want != 0;
+}
+
 int grouped_tile_m(double rows_per_expert) {
   if (rows_per_expert <= 16) return 16;
   if (rows_per_expert <= 32) return 32;
@@ -113,9 +135,12 @@ void launch_grouped_gemm(const GroupedGemmParams& p, const uint8_t* a, const uin
     FP8MOE_CUDA_CHECK(cudaFuncSetAttribute(
         grouped_gemm_kernel<2>, cudaFuncAttributeMaxDynamicSharedMemorySize, kGSmemBytes));
     FP8MOE_CUDA_CHECK(cudaFuncSetAttribute(
-        grouped_gemm_n256_kernel<0>, cudaFuncAttributeMaxDynamicSharedMemorySize, kG2SmemBytes));
+        grouped_gemm_n256_kernel<0, 0>, cudaFuncAttributeMaxDynamicSharedMemorySize, kG2SmemBytes));
     FP8MOE_CUDA_CHECK(cudaFuncSetAttribute(
-        grouped_gemm_n256_kernel<1>, cudaFuncAttributeMaxDynamicSharedMemorySize, kG2SmemBytes));
+        grouped_gemm_n256_kernel<1, 0>, cudaFuncAttributeMaxDynamicSharedMemorySize, kG2SmemBytes));
+    FP8MOE_CUDA_CHECK(cudaFuncSetAttribute(grouped_gemm_n256_kernel<0, 1>,
+                                           cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                           kG2aSmemBytes));
   });
   if (p.fuse_act && (p.N % kG2BN != 0 || p.out_scatter || p.row_weight || !p.q_out || !p.q_scale))
     throw ValueError(
@@ -127,9 +152,11 @@ void launch_grouped_gemm(const GroupedGemmParams& p, const uint8_t* a, const uin
     const int64_t tiles = max_m_blocks * (p.N / kG2BN);
     const unsigned grid = static_cast<unsigned>(grid_ctas(p, tiles));
     if (p.fuse_act)
-      grouped_gemm_n256_kernel<1><<<grid, kGThreads, kG2SmemBytes, stream>>>(p, tm_a, tm_b);
+      grouped_gemm_n256_kernel<1, 0><<<grid, kGThreads, kG2SmemBytes, stream>>>(p, tm_a, tm_b);
+    else if (grouped_epi_async(p))
+      grouped_gemm_n256_kernel<0, 1><<<grid, kGThreads, kG2aSmemBytes, stream>>>(p, tm_a, tm_b);
     else
-      grouped_gemm_n256_kernel<0><<<grid, kGThreads, kG2SmemBytes, stream>>>(p, tm_a, tm_b);
+      grouped_gemm_n256_kernel<0, 0><<<grid, kGThreads, kG2SmemBytes, stream>>>(p, tm_a, tm_b);
     FP8MOE_CUDA_CHECK_LAUNCH();
     return;
   }

@@ -506,6 +506,23 @@ constexpr int kG2SmemBytes = 1024 + kG2Stages * kG2StageBytes + kG2EpiBytes + 2 
 static_assert(kG2SmemBytes + 2 * 64 * 8 <= 227 * 1024, "n256 tile: shared memory");
 static_assert(64 * kG2EpiPitch * 2 >= 64 * 144, "fused epilogue: q staging (64 rows x 144 B)");
 
+// Asynchronous epilogue (kAsync = 1; GroupedGemmParams::epi_async): each consumer warpgroup stages
+// its whole 64 x 256 bf16 output in shared memory (rows of 528 B: 16-byte aligned, conflict-free
+// for the accumulator layout) and one thread per row hands it to a bulk copy (cp.async.bulk
+// shared -> global, 512 B per row), then goes on to the next tile's K blocks while the copies
+// drain; the staging is rewritten only after the issuing threads' copies have read it. The tile's
+// row metadata (sorted id, destination, row weight) is loaded under the K loop. With the sync
+// epilogue the tensor cores idle while a tile's 64 KB go out through 16-byte stores; a short-K
+// tile (DeepSeek TP8's GEMM2: 2 K blocks) spends about as long there as in its K loop. The 66 KB
+// of staging leave room for 3 stages (sync: 4). Same values as the sync epilogue, bitwise.
+constexpr int kG2aStages = 3;
+constexpr int kG2aEpiPitch = kG2BN + 8;  // bf16 per staged row (528 B)
+constexpr int kG2aEpiBytes = 2 * 64 * kG2aEpiPitch * 2;
+constexpr int kG2aSmemBytes = 1024 + kG2aStages * kG2StageBytes + kG2aEpiBytes +
+                              2 * kG2aStages * 8 + (kGroupedMaxExperts + 1) * 4 + 64;
+static_assert(kG2aSmemBytes + 2 * 64 * 8 <= 227 * 1024, "n256 tile, async epilogue: shared memory");
+static_assert((kG2aEpiPitch * 2) % 16 == 0, "bulk copies read 16-byte aligned rows");
+
 // GEMM1's fused epilogue (kFuse): acc[0..63] holds the gate columns and acc[64..127] the up
 // columns of h-columns [128 nt, 128 nt + 128) of this warpgroup's 64 rows (thread: rows lr and
 // lr + 8 of the warpgroup, h-columns 8 j + 2 q + c). Same operations and rounding points as the
@@ -571,18 +588,22 @@ __device__ __forceinline__ void gg_fused_act_quant_epilogue(const GroupedGemmPar
 }
 
 // kFuse = 1: GEMM1 with the fused activation + quantisation epilogue (GroupedGemmParams::fuse_act).
-template <int kFuse>
+// kAsync = 1: the asynchronous epilogue (bulk copies; not with kFuse).
+template <int kFuse, int kAsync>
 __global__ void __launch_bounds__(kGThreads, 1)
     grouped_gemm_n256_kernel(const __grid_constant__ GroupedGemmParams p,
                              const __grid_constant__ CUtensorMap tm_a,
                              const __grid_constant__ CUtensorMap tm_b) {
+  static_assert(!(kFuse && kAsync), "the fused activation keeps the sync epilogue");
+  constexpr int kSt = kAsync ? kG2aStages : kG2Stages;
+  constexpr int kEpiB = kAsync ? kG2aEpiBytes : kG2EpiBytes;
   extern __shared__ uint8_t gg_smem_raw[];
   // the first 1024-byte boundary by indexing (not an integer cast): derived pointers stay shared
   uint8_t* smem = gg_smem_raw + ((1024u - (smem_u32(gg_smem_raw) & 1023u)) & 1023u);
-  uint16_t* epi = reinterpret_cast<uint16_t*>(smem + kG2Stages * kG2StageBytes);
-  uint64_t* full = reinterpret_cast<uint64_t*>(smem + kG2Stages * kG2StageBytes + kG2EpiBytes);
-  uint64_t* empty = full + kG2Stages;
-  int* pref = reinterpret_cast<int*>(empty + kG2Stages);
+  uint16_t* epi = reinterpret_cast<uint16_t*>(smem + kSt * kG2StageBytes);
+  uint64_t* full = reinterpret_cast<uint64_t*>(smem + kSt * kG2StageBytes + kEpiB);
+  uint64_t* empty = full + kSt;
+  int* pref = reinterpret_cast<int*>(empty + kSt);
   __shared__ int s_dst[2][64];
   __shared__ float s_w[2][64];
 
@@ -590,7 +611,7 @@ __global__ void __launch_bounds__(kGThreads, 1)
   const int wg = tid / 128, wtid = tid % 128;
   const int warp = wtid / 32, lane = tid % 32;
   if (tid == 0) {
-    for (int i = 0; i < kG2Stages; ++i) {
+    for (int i = 0; i < kSt; ++i) {
       mbar_init(&full[i], 1);
       mbar_init(&empty[i], 8);  // one arrive per consumer warp
     }
@@ -623,8 +644,8 @@ __global__ void __launch_bounds__(kGThreads, 1)
         const int brow0 = g.e * p.N + (kFuse ? g.nt * kGBN : g.nt * kG2BN);
         const int brow1 = kFuse ? g.e * p.N + p.N / 2 + g.nt * kGBN : brow0 + kGBN;
         for (int kb = 0; kb < num_kb; ++kb, ++it) {
-          const int s = it % kG2Stages;
-          const uint32_t ph = (it / kG2Stages) & 1;
+          const int s = it % kSt;
+          const uint32_t ph = (it / kSt) & 1;
           mbar_wait(&empty[s], ph ^ 1);
           uint8_t* dst = smem + s * kG2StageBytes;
           mbar_arrive_expect_tx(&full[s], kG2StageBytes);
@@ -658,11 +679,17 @@ __global__ void __launch_bounds__(kGThreads, 1)
     float acc[128], part[64];
 #pragma unroll
     for (int i = 0; i < 128; ++i) acc[i] = 0.0f;
+    // async epilogue: thread wtid < 64 owns tile row 64 cw + wtid (its metadata, its bulk copy)
+    int row_id = 0, row_dst = -1;
+    float row_w = 1.0f;
+    if constexpr (kAsync) {
+      if (wtid < 64) row_id = gg_row_id(p, g, cw * 64 + wtid);
+    }
     float sa0 = as0 ? __ldg(as0) : 0.0f, sa1 = as1 ? __ldg(as1) : 0.0f;
     float sb0 = __ldg(bs0), sb1 = __ldg(bs1);
     for (int kb = 0; kb < num_kb; ++kb, ++it) {
-      const int s = it % kG2Stages;
-      const uint32_t ph = (it / kG2Stages) & 1;
+      const int s = it % kSt;
+      const uint32_t ph = (it / kSt) & 1;
       mbar_wait(&full[s], ph);
       const uint8_t* a_s = smem + s * kG2StageBytes + cw * (64 * kGBK);
       const uint8_t* b_s = smem + s * kG2StageBytes + kGAStage;
@@ -673,6 +700,9 @@ __global__ void __launch_bounds__(kGThreads, 1)
 #pragma unroll
       for (int ks = 0; ks < 4; ++ks) gg_wgmma_n128(part, da + 2 * ks, db0 + 2 * ks, ks > 0);
       gg_commit();
+      if constexpr (kAsync) {
+        if (kb == 0 && wtid < 64) gg_row_finish(p, g, cw * 64 + wtid, row_id, row_dst, row_w);
+      }
       float na0 = 0.0f, na1 = 0.0f, nb0 = 0.0f, nb1 = 0.0f;
       if (kb + 1 < num_kb) {
         na0 = as0 ? __ldg(as0 + (kb + 1) * p.a_scale_kb) : 0.0f;
@@ -717,6 +747,47 @@ __global__ void __launch_bounds__(kGThreads, 1)
       sb1 = nb1;
     }
 
+    if constexpr (kAsync) {
+      // ---- asynchronous epilogue: the whole 64 x 256 output staged, one bulk copy per row ----
+      uint16_t* stg = epi + cw * (64 * kG2aEpiPitch);
+      if (wtid < 64) {
+        bulk_wait_read0();  // this thread's copies of the previous tile have read the staging
+        s_w[cw][wtid] = row_w;
+      }
+      gg_bar(1 + cw, 128);
+      const float w_lo = s_w[cw][r_lo - cw * 64], w_hi = s_w[cw][r_hi - cw * 64];
+      const int n0 = g.nt * kG2BN;
+#pragma unroll
+      for (int j = 0; j < 32; ++j) {  // acc[4 j ..] holds columns 8 j + 2 q, + 1 (rows lo, hi)
+        const int col = 8 * j + 2 * q;
+        float b0 = 0.0f, b1 = 0.0f;
+        if (p.bias) {
+          const int64_t bi = int64_t(g.e) * p.N + n0 + col;
+          if (p.bias_bf16) {
+            b0 = bf16_bits_to_float(static_cast<const uint16_t*>(p.bias)[bi]);
+            b1 = bf16_bits_to_float(static_cast<const uint16_t*>(p.bias)[bi + 1]);
+          } else {
+            b0 = static_cast<const float*>(p.bias)[bi];
+            b1 = static_cast<const float*>(p.bias)[bi + 1];
+          }
+        }
+        const float v00 = (acc[4 * j + 0] + b0) * w_lo, v01 = (acc[4 * j + 1] + b1) * w_lo;
+        const float v10 = (acc[4 * j + 2] + b0) * w_hi, v11 = (acc[4 * j + 3] + b1) * w_hi;
+        *reinterpret_cast<uint32_t*>(stg + (r_lo - cw * 64) * kG2aEpiPitch + col) =
+            uint32_t(float_to_bf16_bits(v00)) | (uint32_t(float_to_bf16_bits(v01)) << 16);
+        *reinterpret_cast<uint32_t*>(stg + (r_hi - cw * 64) * kG2aEpiPitch + col) =
+            uint32_t(float_to_bf16_bits(v10)) | (uint32_t(float_to_bf16_bits(v11)) << 16);
+      }
+      fence_proxy_async();  // the generic-proxy writes, before the bulk copies read them
+      gg_bar(1 + cw, 128);
+      if (wtid < 64) {
+        if (row_dst >= 0)
+          bulk_store_1d(p.out + int64_t(row_dst) * p.out_stride + n0, stg + wtid * kG2aEpiPitch,
+                        kG2BN * 2);
+        bulk_commit();
+      }
+      continue;
+    }
     // ---- epilogue: four 64-column quarters through the warpgroup's staging buffer ----
     uint16_t* stage = epi + cw * (64 * kG2EpiPitch);
     gg_bar(1 + cw, 128);  // the previous tile's readers of stage / s_dst are done
@@ -773,6 +844,9 @@ __global__ void __launch_bounds__(kGThreads, 1)
             *reinterpret_cast<const uint4*>(stage + r * kG2EpiPitch + c * 8);
       }
     }
+  }
+  if constexpr (kAsync) {
+    if (wtid < 64) bulk_wait0();  // the last tile's copies, before the CTA's shared memory goes
   }
 }
 

@@ -88,6 +88,12 @@ struct GroupedGemmParams {
   int64_t q_stride = 0;  // bytes per row
   float* q_scale = nullptr;
   int64_t q_scale_stride = 0;  // floats per row
+  // 128 x 256 tile only: the asynchronous epilogue (the output staged in shared memory, one bulk
+  // copy per row, drained under the next tile's K blocks; 3 stages instead of 4). -1 =
+  // FP8MOE_GROUPED_EPI ("async" / "sync") when set, else async for K <= 512 only; 0 / 1
+  // force it. Not with fuse_act; needs a 16-byte aligned out and out_stride % 8 == 0 (else sync).
+  // (Last member: the kernels that do not read it keep their parameter offsets.)
+  int32_t epi_async = -1;
 };
 
 // Most experts the masked scheduler handles (its prefix table lives in shared memory).
@@ -106,6 +112,10 @@ void launch_masked_rows(const int32_t* counts, int E, int max_m, int32_t* ids, i
 
 // The output tile width the 128-row kernel runs p with (128 or 256; see GroupedGemmParams::tile_n).
 int grouped_tile_n(const GroupedGemmParams& p);
+
+// Whether the 128 x 256 tile runs p with the asynchronous epilogue (see
+// GroupedGemmParams::epi_async); false for the other kernels.
+bool grouped_epi_async(const GroupedGemmParams& p);
 
 // The m-block of the swapped-operand kernel for `rows_per_expert` rows per expert on average
 // (16, 32, 64; 128 above 64 rows).
