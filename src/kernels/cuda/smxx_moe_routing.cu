@@ -39,6 +39,7 @@ constexpr int kRouteWarpTokens = 4;
 __global__ void __launch_bounds__(kRouteWarpTokens * 32)
     moe_route_warp_kernel(RoutingParams rp, int M, int E, int topk, int32_t* topk_ids,
                           float* topk_w) {
+  pdl_trigger();  // as moe_route_kernel: the stream path's prep kernel may launch early
   __shared__ RouteWarpScratch scratch[kRouteWarpTokens];
   const int warp = static_cast<int>(threadIdx.x >> 5);
   const int t = static_cast<int>(blockIdx.x) * kRouteWarpTokens + warp;
