@@ -511,10 +511,11 @@ static_assert(64 * kG2EpiPitch * 2 >= 64 * 144, "fused epilogue: q staging (64 r
 // for the accumulator layout) and one thread per row hands it to a bulk copy (cp.async.bulk
 // shared -> global, 512 B per row), then goes on to the next tile's K blocks while the copies
 // drain; the staging is rewritten only after the issuing threads' copies have read it. The tile's
-// row metadata (sorted id, destination, row weight) is loaded under the K loop. With the sync
-// epilogue the tensor cores idle while a tile's 64 KB go out through 16-byte stores; a short-K
-// tile (DeepSeek TP8's GEMM2: 2 K blocks) spends about as long there as in its K loop. The 66 KB
-// of staging leave room for 3 stages (sync: 4). Same values as the sync epilogue, bitwise.
+// row metadata (sorted id, destination, row weight) is loaded under the K loop. The 66 KB of
+// staging leave room for 3 stages (sync: 4). Same values as the sync epilogue, bitwise. Measured
+// (PERFORMANCE.md, grouped run 7): DeepSeek TP8's GEMM2 (K = 256, 2 K blocks per tile) at M = 8192
+// 649 -> ~605 us; the lost stage costs long-K GEMMs 1-4%, hence the rule (K <= 512). What is left
+// of a short-K tile's epilogue is its own instructions, during which no wgmma is in flight.
 constexpr int kG2aStages = 3;
 constexpr int kG2aEpiPitch = kG2BN + 8;  // bf16 per staged row (528 B)
 constexpr int kG2aEpiBytes = 2 * 64 * kG2aEpiPitch * 2;
