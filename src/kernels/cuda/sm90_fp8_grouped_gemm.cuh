@@ -229,6 +229,31 @@ __device__ __forceinline__ void gg_masked_prefix(const GroupedGemmParams& p, int
   }
 }
 
+// Epilogue of accumulator quad a = acc[4 j .. 4 j + 3] (columns col, col + 1 of the thread's rows
+// lo and hi): + bias[e, n0 + col], times the row weight, rounded to bf16, stored as two packed
+// words at staged column sc of the rows' staging (lo, hi).
+__device__ __forceinline__ void gg_epi_pair(const GroupedGemmParams& p, int e, int n0, int col,
+                                            const float* a, float w_lo, float w_hi, int sc,
+                                            uint16_t* lo, uint16_t* hi) {
+  float b0 = 0.0f, b1 = 0.0f;
+  if (p.bias) {
+    const int64_t bi = int64_t(e) * p.N + n0 + col;
+    if (p.bias_bf16) {
+      b0 = bf16_bits_to_float(static_cast<const uint16_t*>(p.bias)[bi]);
+      b1 = bf16_bits_to_float(static_cast<const uint16_t*>(p.bias)[bi + 1]);
+    } else {
+      b0 = static_cast<const float*>(p.bias)[bi];
+      b1 = static_cast<const float*>(p.bias)[bi + 1];
+    }
+  }
+  const float v00 = (a[0] + b0) * w_lo, v01 = (a[1] + b1) * w_lo;
+  const float v10 = (a[2] + b0) * w_hi, v11 = (a[3] + b1) * w_hi;
+  *reinterpret_cast<uint32_t*>(lo + sc) =
+      uint32_t(float_to_bf16_bits(v00)) | (uint32_t(float_to_bf16_bits(v01)) << 16);
+  *reinterpret_cast<uint32_t*>(hi + sc) =
+      uint32_t(float_to_bf16_bits(v10)) | (uint32_t(float_to_bf16_bits(v11)) << 16);
+}
+
 // Destination of tile row r (-1: not stored) and its row weight.
 __device__ __forceinline__ void gg_row_dest(const GroupedGemmParams& p, const GTile& g, int r,
                                             int& dst, float& w) {
@@ -451,23 +476,8 @@ __global__ void __launch_bounds__(kGThreads, 1)
 #pragma unroll
     for (int j = 0; j < 16; ++j) {
       const int col = 8 * j + 2 * q;
-      float b0 = 0.0f, b1 = 0.0f;
-      if (p.bias) {
-        const int64_t bi = int64_t(g.e) * p.N + n0 + col;
-        if (p.bias_bf16) {
-          b0 = bf16_bits_to_float(static_cast<const uint16_t*>(p.bias)[bi]);
-          b1 = bf16_bits_to_float(static_cast<const uint16_t*>(p.bias)[bi + 1]);
-        } else {
-          b0 = static_cast<const float*>(p.bias)[bi];
-          b1 = static_cast<const float*>(p.bias)[bi + 1];
-        }
-      }
-      const float v00 = (acc[4 * j + 0] + b0) * w_lo, v01 = (acc[4 * j + 1] + b1) * w_lo;
-      const float v10 = (acc[4 * j + 2] + b0) * w_hi, v11 = (acc[4 * j + 3] + b1) * w_hi;
-      *reinterpret_cast<uint32_t*>(stage + (r_lo - cw * 64) * kGEpiPitch + col) =
-          uint32_t(float_to_bf16_bits(v00)) | (uint32_t(float_to_bf16_bits(v01)) << 16);
-      *reinterpret_cast<uint32_t*>(stage + (r_hi - cw * 64) * kGEpiPitch + col) =
-          uint32_t(float_to_bf16_bits(v10)) | (uint32_t(float_to_bf16_bits(v11)) << 16);
+      gg_epi_pair(p, g.e, n0, col, acc + 4 * j, w_lo, w_hi, col,
+                  stage + (r_lo - cw * 64) * kGEpiPitch, stage + (r_hi - cw * 64) * kGEpiPitch);
     }
     gg_bar(1 + cw, 128);
     // 64 rows x 256 bytes: 16 lanes per row
@@ -761,23 +771,8 @@ __global__ void __launch_bounds__(kGThreads, 1)
 #pragma unroll
       for (int j = 0; j < 32; ++j) {  // acc[4 j ..] holds columns 8 j + 2 q, + 1 (rows lo, hi)
         const int col = 8 * j + 2 * q;
-        float b0 = 0.0f, b1 = 0.0f;
-        if (p.bias) {
-          const int64_t bi = int64_t(g.e) * p.N + n0 + col;
-          if (p.bias_bf16) {
-            b0 = bf16_bits_to_float(static_cast<const uint16_t*>(p.bias)[bi]);
-            b1 = bf16_bits_to_float(static_cast<const uint16_t*>(p.bias)[bi + 1]);
-          } else {
-            b0 = static_cast<const float*>(p.bias)[bi];
-            b1 = static_cast<const float*>(p.bias)[bi + 1];
-          }
-        }
-        const float v00 = (acc[4 * j + 0] + b0) * w_lo, v01 = (acc[4 * j + 1] + b1) * w_lo;
-        const float v10 = (acc[4 * j + 2] + b0) * w_hi, v11 = (acc[4 * j + 3] + b1) * w_hi;
-        *reinterpret_cast<uint32_t*>(stg + (r_lo - cw * 64) * kG2aEpiPitch + col) =
-            uint32_t(float_to_bf16_bits(v00)) | (uint32_t(float_to_bf16_bits(v01)) << 16);
-        *reinterpret_cast<uint32_t*>(stg + (r_hi - cw * 64) * kG2aEpiPitch + col) =
-            uint32_t(float_to_bf16_bits(v10)) | (uint32_t(float_to_bf16_bits(v11)) << 16);
+        gg_epi_pair(p, g.e, n0, col, acc + 4 * j, w_lo, w_hi, col,
+                    stg + (r_lo - cw * 64) * kG2aEpiPitch, stg + (r_hi - cw * 64) * kG2aEpiPitch);
       }
       fence_proxy_async();  // the generic-proxy writes, before the bulk copies read them
       gg_bar(1 + cw, 128);
@@ -814,24 +809,8 @@ __global__ void __launch_bounds__(kGThreads, 1)
       for (int jj = 0; jj < 8; ++jj) {
         const int j = 8 * qt + jj;  // acc[4 j ..] holds columns 8 j + 2 q, + 1 (rows lo, hi)
         const int col = 8 * j + 2 * q;
-        float b0 = 0.0f, b1 = 0.0f;
-        if (p.bias) {
-          const int64_t bi = int64_t(g.e) * p.N + n0 + col;
-          if (p.bias_bf16) {
-            b0 = bf16_bits_to_float(static_cast<const uint16_t*>(p.bias)[bi]);
-            b1 = bf16_bits_to_float(static_cast<const uint16_t*>(p.bias)[bi + 1]);
-          } else {
-            b0 = static_cast<const float*>(p.bias)[bi];
-            b1 = static_cast<const float*>(p.bias)[bi + 1];
-          }
-        }
-        const float v00 = (acc[4 * j + 0] + b0) * w_lo, v01 = (acc[4 * j + 1] + b1) * w_lo;
-        const float v10 = (acc[4 * j + 2] + b0) * w_hi, v11 = (acc[4 * j + 3] + b1) * w_hi;
-        const int sc = col - qt * kG2EpiCols;
-        *reinterpret_cast<uint32_t*>(stage + (r_lo - cw * 64) * kG2EpiPitch + sc) =
-            uint32_t(float_to_bf16_bits(v00)) | (uint32_t(float_to_bf16_bits(v01)) << 16);
-        *reinterpret_cast<uint32_t*>(stage + (r_hi - cw * 64) * kG2EpiPitch + sc) =
-            uint32_t(float_to_bf16_bits(v10)) | (uint32_t(float_to_bf16_bits(v11)) << 16);
+        gg_epi_pair(p, g.e, n0, col, acc + 4 * j, w_lo, w_hi, col - qt * kG2EpiCols,
+                    stage + (r_lo - cw * 64) * kG2EpiPitch, stage + (r_hi - cw * 64) * kG2EpiPitch);
       }
       gg_bar(1 + cw, 128);
       // 64 rows x 128 bytes: 8 lanes per row
