@@ -126,8 +126,8 @@ GemmRun run_gemm(cuda::GroupedGemmParams p, const HostGemm& g, const std::vector
   p.b_scale_kb = compact_scales ? 0 : 1;
   p.bias = dbias.defined() ? dbias.data() : nullptr;
   p.out = static_cast<uint16_t*>(out.view().data);
-  if (p.epi_async == 1 && p.tile_m == 128 && cuda::grouped_tile_n(p) == 256) {
-    EXPECT_TRUE(cuda::grouped_epi_async(p)) << "the asynchronous epilogue was asked for";
+  if (p.epi_async >= 0 && p.tile_m == 128 && cuda::grouped_tile_n(p) == 256) {
+    EXPECT_EQ(cuda::grouped_epi_async(p), p.epi_async == 1) << "the epilogue asked for";
   }
   cuda::launch_grouped_gemm(p, static_cast<const uint8_t*>(da.data()),
                             static_cast<const uint8_t*>(db.data()), int64_t(g.E) * g.N, max_mblk,
@@ -157,8 +157,8 @@ constexpr uint16_t kPoisonBf16 = 0x7FC0;
 
 // Kernel variant under test: the m-block (128 = tokens as wgmma's M operand; 16/32/64 = swapped
 // operands) and, for the 128-row kernel, the output tile width (128 or 256; 256 falls back to 128
-// when N % 256 != 0, which the N = 384 cases check); epi 1 = the 256 tile's asynchronous epilogue
-// (bulk copies; -1 = the library's choice).
+// when N % 256 != 0, which the N = 384 cases check); epi 1 / 0 = the 256 tile's asynchronous /
+// sync epilogue (-1 = the library's choice, which is async at these short K).
 struct GemmTile {
   int tm, tn;
   int epi = -1;
@@ -166,7 +166,9 @@ struct GemmTile {
 
 std::string tile_name(const GemmTile& t) {
   return "tile_m" + std::to_string(t.tm) + (t.tn ? "_n" + std::to_string(t.tn) : "") +
-         (t.epi == 1 ? "_async" : "");
+         (t.epi == 1   ? "_async"
+          : t.epi == 0 ? "_sync"
+                       : "");
 }
 
 void set_tile(cuda::GroupedGemmParams& p, const GemmTile& t) {
@@ -182,6 +184,9 @@ void expect_tile_n(const cuda::GroupedGemmParams& p, const GemmTile& t) {
   EXPECT_EQ(cuda::grouped_tile_n(p), t.tn == 256 && p.N % 256 == 0 ? 256 : 128) << "N " << p.N;
   if (t.epi == 1) {
     EXPECT_EQ(cuda::grouped_epi_async(p), p.N % 256 == 0) << "N " << p.N;
+  }
+  if (t.epi == 0) {
+    EXPECT_FALSE(cuda::grouped_epi_async(p));
   }
 }
 
@@ -325,7 +330,7 @@ TEST_P(CudaGroupedGemm, MaskedExactBitwise) {
 }
 
 INSTANTIATE_TEST_SUITE_P(TileM, CudaGroupedGemm,
-                         ::testing::Values(GemmTile{128, 128}, GemmTile{128, 256},
+                         ::testing::Values(GemmTile{128, 128}, GemmTile{128, 256, 0},
                                            GemmTile{128, 256, 1}, GemmTile{16, 0}, GemmTile{32, 0},
                                            GemmTile{64, 0}),
                          [](const auto& info) { return tile_name(info.param); });
@@ -352,7 +357,7 @@ TEST(CudaGroupedGemmLongK, MoreThan128KBlocksExactBitwise) {
           for (size_t i = 1; i < size_t(N / 128) * (K / 128); ++i)
             g.b_scale[size_t(e) * (N / 128) * (K / 128) + i] =
                 g.b_scale[size_t(e) * (N / 128) * (K / 128)];
-      for (const GemmTile tile : {GemmTile{128, 256}, GemmTile{128, 256, 1}, GemmTile{16, 0},
+      for (const GemmTile tile : {GemmTile{128, 256, 0}, GemmTile{128, 256, 1}, GemmTile{16, 0},
                                   GemmTile{32, 0}, GemmTile{64, 0}}) {
         const int tm = tile.tm;
         int num_valid = counts[0] + counts[1];
@@ -1033,6 +1038,9 @@ TEST(CudaGroupedSelection, RegistryLimitsAndShapeRule) {
   gp.out_stride = 516;  // rows not 16-byte aligned
   EXPECT_FALSE(cuda::grouped_epi_async(gp));
   gp.out_stride = 512;
+  gp.out = reinterpret_cast<uint16_t*>(uintptr_t{8});  // output not 16-byte aligned
+  EXPECT_FALSE(cuda::grouped_epi_async(gp));
+  gp.out = nullptr;
   gp.N = 384;  // the 128 tile
   EXPECT_FALSE(cuda::grouped_epi_async(gp));
   gp.N = 512;

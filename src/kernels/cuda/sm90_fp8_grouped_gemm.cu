@@ -77,7 +77,9 @@ bool grouped_epi_async(const GroupedGemmParams& p) {
   // The rule: async for short K only (<= 4 K blocks: the GEMM2 of the TP-sharded shapes), where
   // the per-tile epilogue weighs most and 3 stages cover the K loop. Measured on the H200
   // (docs/PERFORMANCE.md, grouped run 7): DeepSeek TP8 GEMM2 (K = 256) in the M = 8192 layer 649
-  // -> 600 us; with long K the lost fourth stage costs 1-7% (GEMM1 of every shape).
+  // -> ~605 us; with long K the lost fourth stage costs up to 4% (GEMM1, GEMM-only). Rows per
+  // expert are not part of the rule: GEMM-only at 2048 rows per expert the async GEMM2 read 5-7%
+  // slower in one call (not checked in a layer at such M).
   if (want < 0) want = p.K <= 512 ? 1 : 0;
   return want != 0;
 }

@@ -524,8 +524,8 @@ static_assert(64 * kG2EpiPitch * 2 >= 64 * 144, "fused epilogue: q staging (64 r
 // row metadata (sorted id, destination, row weight) is loaded under the K loop. The 66 KB of
 // staging leave room for 3 stages (sync: 4). Same values as the sync epilogue, bitwise. Measured
 // (PERFORMANCE.md, grouped run 7): DeepSeek TP8's GEMM2 (K = 256, 2 K blocks per tile) at M = 8192
-// 649 -> ~605 us; the lost stage costs long-K GEMMs 1-4%, hence the rule (K <= 512). What is left
-// of a short-K tile's epilogue is its own instructions, during which no wgmma is in flight.
+// 649 -> ~605 us; the lost stage costs long-K GEMMs up to 4%, hence the rule (K <= 512). What is
+// left of a short-K tile's epilogue is its own instructions, during which no wgmma is in flight.
 constexpr int kG2aStages = 3;
 constexpr int kG2aEpiPitch = kG2BN + 8;  // bf16 per staged row (528 B)
 constexpr int kG2aEpiBytes = 2 * 64 * kG2aEpiPitch * 2;
