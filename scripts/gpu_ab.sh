@@ -13,6 +13,11 @@
 #   AB_BENCH=grouped: bench_cuda_grouped instead (GEMM-only rows; default args "--no-ceilings
 #   --no-layer --shape deepseek_v3_tp2,deepseek_v3_tp8 --rpe 16,64,512,2048 --layouts
 #   contig,contig_s"), summarised per (shape_gemm, rows per expert, layout).
+# One build, two environments (no base tree): after gpu_session.sh built build-gpu,
+#   scripts/gpu_ab.sh --run-env ROUNDS "BASE VARS" "NEW VARS" ["BENCH ARGS"]
+#   e.g. --run-env 3 "FP8MOE_GROUPED_EPI=sync" "" "--path auto --m 2048,8192"
+#   ("" = the defaults; VARS are NAME=VALUE words put in the benchmark's environment), same
+#   alternating order, same ab.log / ab_summary.txt (AB_BENCH=grouped as above).
 # Environment as for gpu_session.sh (FP8MOE_DEPS_PREFIX, FP8MOE_CUTLASS_INCLUDE); output in $OUT.
 # (Run 14's call 5 ran these commands inline.)
 set -uo pipefail
@@ -32,8 +37,14 @@ case "${1:-}" in
     done
     find .ab_base -type f | sort
     ;;
-  --run)
+  --run | --run-env)
+    mode=$1
     rounds=${2:-3}
+    if [ "$mode" = --run-env ]; then
+      env_base=${3?base variables ("" for none)}
+      env_new=${4?new variables ("" for none)}
+      shift 2
+    fi
     target=bench_cuda_moe
     if [ "${AB_BENCH:-}" = grouped ]; then
       target=bench_cuda_grouped
@@ -44,6 +55,30 @@ case "${1:-}" in
     OUT=${OUT:-$ROOT/gpu_out}
     mkdir -p "$OUT"
     X=$OUT/ab.log
+    if [ "$mode" = --run-env ]; then
+      [ -x build-gpu/bench/$target ] || { echo "no build-gpu/bench/$target (gpu_session.sh first)" | tee -a "$X"; exit 2; }
+      echo "base: env $env_base; new: env $env_new" | tee -a "$X"
+      for r in $(seq 1 "$rounds"); do
+        order="base new"
+        [ $((r % 2)) = 0 ] && order="new base"
+        for v in $order; do
+          vars=$env_base
+          [ "$v" = new ] && vars=$env_new
+          echo "== $v round $r" >>"$X"
+          if [ $target = bench_cuda_grouped ]; then
+            # shellcheck disable=SC2086
+            timeout 200 env $vars build-gpu/bench/$target $args 2>&1 |
+              awk '$2 ~ /^gemm[12]$/ && $4 ~ /^[0-9]+$/ {print $1"_"$2, $4, $3, $5}' >>"$X"
+          else
+            # shellcheck disable=SC2086
+            timeout 120 env $vars build-gpu/bench/$target $args 2>&1 | grep -A80 "== summary" |
+              grep -E "single|grouped|stream|wgmma|generic" >>"$X"
+          fi
+        done
+      done
+      python3 scripts/ab_summary.py "$X" | tee "$OUT/ab_summary.txt"
+      exit 0
+    fi
     [ -d .ab_base/src ] || { echo "no .ab_base/src (run --prepare first)" | tee -a "$X"; exit 2; }
     BASE=/tmp/ab_base_tree
     rm -rf "$BASE" && mkdir -p "$BASE"
@@ -85,7 +120,8 @@ case "${1:-}" in
     python3 scripts/ab_summary.py "$X" | tee "$OUT/ab_summary.txt"
     ;;
   *)
-    echo "usage: $0 --prepare BASE_REF | --run [ROUNDS] [\"BENCH ARGS\"]"
+    echo "usage: $0 --prepare BASE_REF | --run [ROUNDS] [\"BENCH ARGS\"] |"
+    echo "       $0 --run-env ROUNDS \"BASE VARS\" \"NEW VARS\" [\"BENCH ARGS\"]"
     exit 2
     ;;
 esac
