@@ -151,14 +151,19 @@ __device__ __forceinline__ void gg_cluster_sync() {
   asm volatile("barrier.cluster.arrive.release.aligned;\nbarrier.cluster.wait.acquire.aligned;\n" ::
                    : "memory");
 }
-// Arrive on the mbarrier at the same shared-memory offset in CTA `rank` of the cluster.
+// Arrive on the mbarrier at the same shared-memory offset in CTA `rank` of the cluster. The
+// default semantics (release at CTA scope), as CUTLASS's ClusterBarrier::arrive(cta_id): the
+// arrive only says that this warp's wgmma reads of the stage are complete (wgmma.wait_group
+// before it), and the peer's producer then overwrites the stage by TMA. With
+// `.release.cluster` ptxas put MEMBAR.ALL.CTA + MEMBAR.ALL.GPU + ERRBAR + CGAERRBAR before every
+// arrive (two per consumer warp and K block; cuobjdump, sm_90a): the likely cause of the
+// cluster kernel's 16.8 cycles per issued instruction (PERFORMANCE.md, grouped run 7).
 __device__ __forceinline__ void gg_arrive_cluster(uint64_t* bar, uint32_t rank) {
   uint32_t remote;
   asm volatile("mapa.shared::cluster.u32 %0, %1, %2;\n"
                : "=r"(remote)
                : "r"(smem_u32(bar)), "r"(rank));
-  asm volatile("mbarrier.arrive.release.cluster.shared::cluster.b64 _, [%0];\n" ::"r"(remote)
-               : "memory");
+  asm volatile("mbarrier.arrive.shared::cluster.b64 _, [%0];\n" ::"r"(remote) : "memory");
 }
 // 2D TMA load multicast to the CTAs of `mask` (same shared-memory offset, same mbarrier offset).
 __device__ __forceinline__ void gg_tma_load_mc(void* smem, const CUtensorMap* map, uint64_t* bar,
