@@ -392,6 +392,13 @@ int main(int argc, char** argv) {
       cuda::device_name().c_str(), bw, pt,
       bs > 0 ? (std::to_string(bs) + " TFLOP/s").c_str()
              : "not supported by this cuBLASLt on sm_90");
+  if (g_mcast == 1)
+    std::printf("two-CTA clusters resident at once: %d (128 tile), %d (256 tile); grid: %d\n",
+                cuda::grouped_cluster_occupancy(128), cuda::grouped_cluster_occupancy(256), [] {
+                  int v = 0;
+                  CK(cudaDeviceGetAttribute(&v, cudaDevAttrMultiProcessorCount, 0));
+                  return v / 2;
+                }());
   std::fflush(stdout);
   csv.row("kind,shape,gemm,layout,rows_per_expert,us,tflops,frac_per_tensor,weight_tbs,frac_bw");
   csv.row("ceiling,,,,,,," + std::to_string(pt) + ",," + std::to_string(bw));

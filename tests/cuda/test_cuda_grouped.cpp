@@ -158,30 +158,34 @@ constexpr uint16_t kPoisonBf16 = 0x7FC0;
 // Kernel variant under test: the m-block (128 = tokens as wgmma's M operand; 16/32/64 = swapped
 // operands) and, for the 128-row kernel, the output tile width (128 or 256; 256 falls back to 128
 // when N % 256 != 0, which the N = 384 cases check); epi 1 / 0 = the 256 tile's asynchronous /
-// sync epilogue (-1 = the library's choice, which is async at these short K).
+// sync epilogue (-1 = the library's choice, which is async at these short K); mc 1 = two-CTA
+// clusters multicasting A where the tile width's n-blocks pair up (GroupedGemmParams::mcast).
 struct GemmTile {
   int tm, tn;
   int epi = -1;
+  int mc = 0;
 };
 
 std::string tile_name(const GemmTile& t) {
   return "tile_m" + std::to_string(t.tm) + (t.tn ? "_n" + std::to_string(t.tn) : "") +
          (t.epi == 1   ? "_async"
           : t.epi == 0 ? "_sync"
-                       : "");
+                       : "") +
+         (t.mc ? "_mc" : "");
 }
 
 void set_tile(cuda::GroupedGemmParams& p, const GemmTile& t) {
   p.tile_m = t.tm;
   p.tile_n = t.tn;
   p.epi_async = t.epi;
-  // the 128 x 128 tile runs as two-CTA clusters (multicast A) where the n-blocks pair up (N = 512)
-  p.mcast = t.tm == 128 && t.tn == 128 ? 1 : 0;
+  p.mcast = t.mc;
 }
 
 void expect_tile_n(const cuda::GroupedGemmParams& p, const GemmTile& t) {
   if (t.tm != 128) return;
-  EXPECT_EQ(cuda::grouped_tile_n(p), t.tn == 256 && p.N % 256 == 0 ? 256 : 128) << "N " << p.N;
+  const int tn = t.tn == 256 && p.N % 256 == 0 ? 256 : 128;
+  EXPECT_EQ(cuda::grouped_tile_n(p), tn) << "N " << p.N;
+  EXPECT_EQ(cuda::grouped_cluster_ctas(p), t.mc && (p.N / tn) % 2 == 0 ? 2 : 1) << "N " << p.N;
   if (t.epi == 1) {
     EXPECT_EQ(cuda::grouped_epi_async(p), p.N % 256 == 0) << "N " << p.N;
   }
@@ -199,8 +203,8 @@ TEST_P(CudaGroupedGemm, ContiguousExactBitwise) {
   const GemmTile tile = GetParam();
   const int tm = tile.tm;
   std::mt19937 rng(1234 + tm + tile.tn);
-  // N = 512: four 128-column n-blocks (two-CTA clusters with the 128 tile) or two 256-column ones;
-  // N = 384: three n-blocks (the 256 tile falls back to 128)
+  // N = 512: four 128-column n-blocks or two 256-column ones (with mc: one two-CTA cluster's
+  // n-blocks); N = 384: three n-blocks (the 256 tile falls back to 128; no clusters)
   const int E = 5, K = 384;
   const int counts[E] = {130, 0, 1, 256, 77};
   // ctas 3: three persistent CTAs walk all the tiles (the rings and their phases wrap around)
@@ -285,10 +289,11 @@ TEST_P(CudaGroupedGemm, MaskedExactBitwise) {
   const int tm = tile.tm;
   std::mt19937 rng(99 + tm + tile.tn);
   // N = 384: three n-blocks (no clusters; the 256 tile falls back); N = 768: three 256-wide tiles
+  // (six 128-wide: clusters with mc); N = 1024: four 256-wide tiles (clusters with mc)
   const int E = 6, K = 512, max_m = 200;
   const std::vector<int32_t> counts = {0, 200, 1, 129, 128, 57};
   for (const int ctas : {0, 3})
-    for (const int N : {384, 768}) {
+    for (const int N : {384, 768, 1024}) {
       SCOPED_TRACE("N " + std::to_string(N) + ", CTAs " + (ctas ? std::to_string(ctas) : "all"));
       const HostGemm g = make_weights(E, N, K, true, rng);
       const int64_t rows = int64_t(E) * max_m;
@@ -298,7 +303,6 @@ TEST_P(CudaGroupedGemm, MaskedExactBitwise) {
       cuda::GroupedGemmParams p;
       set_tile(p, tile);
       p.max_ctas = ctas;
-      p.mcast = -1;  // the library's default (no clusters)
       p.N = N;
       expect_tile_n(p, tile);
       p.masked = 1;
@@ -330,9 +334,10 @@ TEST_P(CudaGroupedGemm, MaskedExactBitwise) {
 }
 
 INSTANTIATE_TEST_SUITE_P(TileM, CudaGroupedGemm,
-                         ::testing::Values(GemmTile{128, 128}, GemmTile{128, 256, 0},
-                                           GemmTile{128, 256, 1}, GemmTile{16, 0}, GemmTile{32, 0},
-                                           GemmTile{64, 0}),
+                         ::testing::Values(GemmTile{128, 128}, GemmTile{128, 128, -1, 1},
+                                           GemmTile{128, 256, 0}, GemmTile{128, 256, 1},
+                                           GemmTile{128, 256, 0, 1}, GemmTile{128, 256, 1, 1},
+                                           GemmTile{16, 0}, GemmTile{32, 0}, GemmTile{64, 0}),
                          [](const auto& info) { return tile_name(info.param); });
 
 // Long and short K: the swapped kernels copy the tile's scales to shared memory in chunks of 64 K
@@ -357,8 +362,9 @@ TEST(CudaGroupedGemmLongK, MoreThan128KBlocksExactBitwise) {
           for (size_t i = 1; i < size_t(N / 128) * (K / 128); ++i)
             g.b_scale[size_t(e) * (N / 128) * (K / 128) + i] =
                 g.b_scale[size_t(e) * (N / 128) * (K / 128)];
-      for (const GemmTile tile : {GemmTile{128, 256, 0}, GemmTile{128, 256, 1}, GemmTile{16, 0},
-                                  GemmTile{32, 0}, GemmTile{64, 0}}) {
+      for (const GemmTile tile :
+           {GemmTile{128, 256, 0}, GemmTile{128, 256, 1}, GemmTile{128, 256, 0, 1},
+            GemmTile{128, 256, 1, 1}, GemmTile{16, 0}, GemmTile{32, 0}, GemmTile{64, 0}}) {
         const int tm = tile.tm;
         int num_valid = counts[0] + counts[1];
         std::vector<int32_t> perm(num_valid);

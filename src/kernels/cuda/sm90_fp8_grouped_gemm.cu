@@ -35,6 +35,27 @@ int64_t grid_ctas(const GroupedGemmParams& p, int64_t tiles) {
 }  // namespace
 
 namespace {
+using GroupedKernel = void (*)(GroupedGemmParams, CUtensorMap, CUtensorMap);
+
+// A persistent grid of two-CTA clusters (cluster dimension 2 along x) for about `ctas` CTAs.
+void launch_cluster2(GroupedKernel kernel, int64_t ctas, int smem, cudaStream_t stream,
+                     const GroupedGemmParams& p, const CUtensorMap& tm_a, const CUtensorMap& tm_b) {
+  const int64_t clusters = std::max<int64_t>(1, ctas / 2);
+  cudaLaunchConfig_t cfg{};
+  cfg.gridDim = dim3(static_cast<unsigned>(clusters * 2));
+  cfg.blockDim = dim3(kGThreads);
+  cfg.dynamicSmemBytes = static_cast<size_t>(smem);
+  cfg.stream = stream;
+  cudaLaunchAttribute attr[1];
+  attr[0].id = cudaLaunchAttributeClusterDimension;
+  attr[0].val.clusterDim.x = 2;
+  attr[0].val.clusterDim.y = 1;
+  attr[0].val.clusterDim.z = 1;
+  cfg.attrs = attr;
+  cfg.numAttrs = 1;
+  FP8MOE_CUDA_CHECK(cudaLaunchKernelEx(&cfg, kernel, p, tm_a, tm_b));
+}
+
 bool mcast_wanted(const GroupedGemmParams& p) {
   static const bool env = [] {
     const char* v = std::getenv("FP8MOE_GROUPED_MCAST");
@@ -55,9 +76,13 @@ int grouped_tile_n(const GroupedGemmParams& p) {
   }();
   if (p.tile_n != 0 && p.tile_n != 128 && p.tile_n != 256)
     throw ValueError("grouped GEMM: tile_n must be 0, 128 or 256");
-  int want = p.tile_n ? p.tile_n : env;
-  if (want == 0) want = mcast_wanted(p) ? kGBN : kG2BN;
+  const int want = p.tile_n ? p.tile_n : (env ? env : kG2BN);
   return (want == kG2BN && p.N % kG2BN == 0) ? kG2BN : kGBN;
+}
+
+int grouped_cluster_ctas(const GroupedGemmParams& p) {
+  if (p.tile_m != 128 || p.fuse_act || !mcast_wanted(p)) return 1;
+  return (p.N / grouped_tile_n(p)) % 2 == 0 ? 2 : 1;  // the n-blocks pair up
 }
 
 bool grouped_epi_async(const GroupedGemmParams& p) {
@@ -143,15 +168,29 @@ void launch_grouped_gemm(const GroupedGemmParams& p, const uint8_t* a, const uin
     FP8MOE_CUDA_CHECK(cudaFuncSetAttribute(grouped_gemm_n256_kernel<0, 1>,
                                            cudaFuncAttributeMaxDynamicSharedMemorySize,
                                            kG2aSmemBytes));
+    FP8MOE_CUDA_CHECK(cudaFuncSetAttribute(grouped_gemm_n256_kernel<0, 0, 2>,
+                                           cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                           kG2SmemBytes));
+    FP8MOE_CUDA_CHECK(cudaFuncSetAttribute(grouped_gemm_n256_kernel<0, 1, 2>,
+                                           cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                           kG2aSmemBytes));
   });
   if (p.fuse_act && (p.N % kG2BN != 0 || p.out_scatter || p.row_weight || !p.q_out || !p.q_scale))
     throw ValueError(
         "grouped GEMM: the fused activation needs N % 256 == 0, no scatter, no row weight and "
         "q_out / q_scale");
+  const int mc = grouped_cluster_ctas(p);
   if (p.fuse_act || grouped_tile_n(p) == kG2BN) {  // 128 x 256 tiles (two 128-row B halves)
-    const CUtensorMap tm_a = make_tma_2d_u8(a, p.K, p.a_rows, kGBK, kGBM);
+    const CUtensorMap tm_a = make_tma_2d_u8(a, p.K, p.a_rows, kGBK, kGBM / mc);
     const CUtensorMap tm_b = make_tma_2d_u8(b, p.K, b_rows, kGBK, kGBN);  // one 128-row half
     const int64_t tiles = max_m_blocks * (p.N / kG2BN);
+    if (mc == 2) {  // opt-in two-CTA clusters sharing A (FP8MOE_GROUPED_MCAST=1 / p.mcast = 1)
+      const bool async = grouped_epi_async(p);
+      launch_cluster2(async ? grouped_gemm_n256_kernel<0, 1, 2> : grouped_gemm_n256_kernel<0, 0, 2>,
+                      grid_ctas(p, tiles), async ? kG2aSmemBytes : kG2SmemBytes, stream, p, tm_a,
+                      tm_b);
+      return;
+    }
     const unsigned grid = static_cast<unsigned>(grid_ctas(p, tiles));
     if (p.fuse_act)
       grouped_gemm_n256_kernel<1, 0><<<grid, kGThreads, kG2SmemBytes, stream>>>(p, tm_a, tm_b);
@@ -163,10 +202,9 @@ void launch_grouped_gemm(const GroupedGemmParams& p, const uint8_t* a, const uin
     return;
   }
   // two-CTA clusters sharing the A tile when the n-blocks pair up: opt-in (FP8MOE_GROUPED_MCAST=1
-  // or p.mcast = 1). Correct on the card but measured about 2x SLOWER than without clusters
-  // (docs/PERFORMANCE.md, run 2), so off by default until the cause is found.
-  const bool want_mc = mcast_wanted(p);
-  const int mc = (want_mc && (p.N / kGBN) % 2 == 0) ? 2 : 1;
+  // or p.mcast = 1). Measured 2.1x slower than without clusters until the stage release stopped
+  // fencing (grouped run 7); with the fix, GEMM-only within +-3% of the plain 128 tile (geometric
+  // mean 1.010, grouped run 8).
   const CUtensorMap tm_a = make_tma_2d_u8(a, p.K, p.a_rows, kGBK, kGBM / mc);
   const CUtensorMap tm_b = make_tma_2d_u8(b, p.K, b_rows, kGBK, kGBN);
   const int64_t tiles = max_m_blocks * (p.N / kGBN);
@@ -176,12 +214,19 @@ void launch_grouped_gemm(const GroupedGemmParams& p, const uint8_t* a, const uin
     FP8MOE_CUDA_CHECK_LAUNCH();
     return;
   }
-  const int64_t clusters = std::max<int64_t>(1, grid_ctas(p, tiles) / 2);
+  launch_cluster2(grouped_gemm_kernel<2>, grid_ctas(p, tiles), kGSmemBytes, stream, p, tm_a, tm_b);
+}
+
+int grouped_cluster_occupancy(int tile_n) {
+  // the attributes are those launch_grouped_gemm sets (once) before its first launch
+  const GroupedKernel k =
+      tile_n == kG2BN ? grouped_gemm_n256_kernel<0, 0, 2> : grouped_gemm_kernel<2>;
+  const int smem = tile_n == kG2BN ? kG2SmemBytes : kGSmemBytes;
+  FP8MOE_CUDA_CHECK(cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
   cudaLaunchConfig_t cfg{};
-  cfg.gridDim = dim3(static_cast<unsigned>(clusters * 2));
+  cfg.gridDim = dim3(static_cast<unsigned>(2 * sm_count()));
   cfg.blockDim = dim3(kGThreads);
-  cfg.dynamicSmemBytes = kGSmemBytes;
-  cfg.stream = stream;
+  cfg.dynamicSmemBytes = static_cast<size_t>(smem);
   cudaLaunchAttribute attr[1];
   attr[0].id = cudaLaunchAttributeClusterDimension;
   attr[0].val.clusterDim.x = 2;
@@ -189,7 +234,9 @@ void launch_grouped_gemm(const GroupedGemmParams& p, const uint8_t* a, const uin
   attr[0].val.clusterDim.z = 1;
   cfg.attrs = attr;
   cfg.numAttrs = 1;
-  FP8MOE_CUDA_CHECK(cudaLaunchKernelEx(&cfg, grouped_gemm_kernel<2>, p, tm_a, tm_b));
+  int n = 0;
+  FP8MOE_CUDA_CHECK(cudaOccupancyMaxActiveClusters(&n, k, &cfg));
+  return n;
 }
 
 void launch_masked_rows(const int32_t* counts, int E, int max_m, int32_t* ids, int32_t* meta,

@@ -605,12 +605,19 @@ __device__ __forceinline__ void gg_fused_act_quant_epilogue(const GroupedGemmPar
 
 // kFuse = 1: GEMM1 with the fused activation + quantisation epilogue (GroupedGemmParams::fuse_act).
 // kAsync = 1: the asynchronous epilogue (bulk copies; not with kFuse).
-template <int kFuse, int kAsync>
+// kMc = 2: clusters of two CTAs on the same m-block and adjacent 256-wide n-blocks (CTA rank r
+// takes n-block 2 np + r); each CTA loads 64 of the 128 A rows and multicasts them to both, so a
+// K block moves 40 KB from L2 to each SM instead of 48 (GEMM1 of the 256 tile is bound by L2
+// throughput: PERFORMANCE.md, grouped run 7). Every consumer warp releases a stage in both CTAs
+// (the peer's producer multicasts into it), so the empty barriers count 16 arrivals. Not with
+// kFuse (its two B halves pair gate and up blocks of one n-block).
+template <int kFuse, int kAsync, int kMc = 1>
 __global__ void __launch_bounds__(kGThreads, 1)
     grouped_gemm_n256_kernel(const __grid_constant__ GroupedGemmParams p,
                              const __grid_constant__ CUtensorMap tm_a,
                              const __grid_constant__ CUtensorMap tm_b) {
   static_assert(!(kFuse && kAsync), "the fused activation keeps the sync epilogue");
+  static_assert(kMc == 1 || (kMc == 2 && !kFuse), "clusters: two CTAs, not with kFuse");
   constexpr int kSt = kAsync ? kG2aStages : kG2Stages;
   constexpr int kEpiB = kAsync ? kG2aEpiBytes : kG2EpiBytes;
   extern __shared__ uint8_t gg_smem_raw[];
@@ -629,10 +636,11 @@ __global__ void __launch_bounds__(kGThreads, 1)
   if (tid == 0) {
     for (int i = 0; i < kSt; ++i) {
       mbar_init(&full[i], 1);
-      mbar_init(&empty[i], 8);  // one arrive per consumer warp
+      mbar_init(&empty[i], 8 * kMc);  // one arrive per consumer warp (of each CTA of the cluster)
     }
     fence_barrier_init();
   }
+  const uint32_t crank = kMc > 1 ? gg_cluster_rank() : 0;
   int total_m = 0;
   if (p.masked) {
     if (tid < 32) gg_masked_prefix<kGBM>(p, pref, tid);
@@ -642,9 +650,12 @@ __global__ void __launch_bounds__(kGThreads, 1)
     __syncthreads();
     total_m = *p.num_rows_ptr / kGBM;
   }
-  const int n_tiles_n = p.N / kG2BN;
+  if constexpr (kMc > 1) gg_cluster_sync();  // the peer's barriers are initialised
+  // tiles of the cluster: n-blocks in groups of kMc (both CTAs walk the same tiles)
+  const int n_tiles_n = p.N / kG2BN / kMc;
   const int n_tiles = total_m * n_tiles_n;
   const int num_kb = p.K / kGBK;
+  const int cid = blockIdx.x / kMc, ncl = gridDim.x / kMc;
 
   if (wg == 0) {
     // =============================== producer ===============================================
@@ -653,8 +664,9 @@ __global__ void __launch_bounds__(kGThreads, 1)
       tma_prefetch_desc(&tm_a);
       tma_prefetch_desc(&tm_b);
       int it = 0;
-      for (int t = blockIdx.x; t < n_tiles; t += gridDim.x) {
-        const GTile g = gg_tile(p, pref, total_m, n_tiles_n, t);
+      for (int t = cid; t < n_tiles; t += ncl) {
+        GTile g = gg_tile(p, pref, total_m, n_tiles_n, t);
+        g.nt = g.nt * kMc + static_cast<int>(crank);
         // the two B halves: weight rows n0 and n1 of expert e (plain layout: n1 = n0 + 128; fused
         // activation: gate block nt and up block nt of the packed w13)
         const int brow0 = g.e * p.N + (kFuse ? g.nt * kGBN : g.nt * kG2BN);
@@ -665,12 +677,19 @@ __global__ void __launch_bounds__(kGThreads, 1)
           mbar_wait(&empty[s], ph ^ 1);
           uint8_t* dst = smem + s * kG2StageBytes;
           mbar_arrive_expect_tx(&full[s], kG2StageBytes);
-          tma_load_2d(dst, &tm_a, &full[s], kb * kGBK, g.row0);
+          if constexpr (kMc > 1) {
+            constexpr int kRows = kGBM / kMc;  // this CTA's share of A, multicast to both
+            gg_tma_load_mc(dst + crank * (kRows * kGBK), &tm_a, &full[s], kb * kGBK,
+                           g.row0 + static_cast<int>(crank) * kRows, uint16_t((1u << kMc) - 1));
+          } else {
+            tma_load_2d(dst, &tm_a, &full[s], kb * kGBK, g.row0);
+          }
           tma_load_2d(dst + kGAStage, &tm_b, &full[s], kb * kGBK, brow0);
           tma_load_2d(dst + kGAStage + kGBStage, &tm_b, &full[s], kb * kGBK, brow1);
         }
       }
     }
+    if constexpr (kMc > 1) gg_cluster_sync();
     return;
   }
 
@@ -680,8 +699,9 @@ __global__ void __launch_bounds__(kGThreads, 1)
   const int r_lo = cw * 64 + warp * 16 + (lane >> 2), r_hi = r_lo + 8;
   const int q = lane & 3;
   int it = 0;
-  for (int t = blockIdx.x; t < n_tiles; t += gridDim.x) {
-    const GTile g = gg_tile(p, pref, total_m, n_tiles_n, t);
+  for (int t = cid; t < n_tiles; t += ncl) {
+    GTile g = gg_tile(p, pref, total_m, n_tiles_n, t);
+    g.nt = g.nt * kMc + static_cast<int>(crank);
     const int64_t ar0 = int64_t(g.row0) + r_lo, ar1 = int64_t(g.row0) + r_hi;
     // rows past A's end (masked tail) read scale 0: their outputs are never stored
     const float* as0 = ar0 < p.a_rows ? p.a_scale + ar0 * p.a_scale_stride : nullptr;
@@ -746,7 +766,14 @@ __global__ void __launch_bounds__(kGThreads, 1)
       gg_commit();
       gg_wait0();
       gg_reg_fence(part);
-      if (lane == 0) mbar_arrive(&empty[s]);
+      if (lane == 0) {
+        if constexpr (kMc > 1) {
+#pragma unroll
+          for (int r = 0; r < kMc; ++r) gg_arrive_cluster(&empty[s], r);
+        } else {
+          mbar_arrive(&empty[s]);
+        }
+      }
       {
         const float s0 = sa0 * sb1, s1 = sa1 * sb1;
 #pragma unroll
@@ -833,6 +860,7 @@ __global__ void __launch_bounds__(kGThreads, 1)
   if constexpr (kAsync) {
     if (wtid < 64) bulk_wait0();  // the last tile's copies, before the CTA's shared memory goes
   }
+  if constexpr (kMc > 1) gg_cluster_sync();  // no multicast or remote arrive into a finished CTA
 }
 
 // ---- small rows per expert: swapped operands -------------------------------------------------

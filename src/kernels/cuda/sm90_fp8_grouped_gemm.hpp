@@ -35,11 +35,11 @@ struct GroupedGemmParams {
   // contiguous layout's expert chunks must be aligned to it.
   int32_t tile_m = 128;
   // 128-row kernel only: -1 = FP8MOE_GROUPED_MCAST (default off), 0 = no clusters, 1 = two-CTA
-  // clusters multicasting the A tile (when the n-block count is even).
+  // clusters multicasting the A tile to adjacent n-blocks (when the tile width's n-block count is
+  // even; not with fuse_act): grouped_cluster_ctas.
   int32_t mcast = -1;
   // 128-row kernel only: output tile width. 0 = FP8MOE_GROUPED_TILE_N (128 or 256) when set, else
-  // 256 unless clusters are asked for; 128 or 256 forces it. 256 needs N % 256 == 0 and falls back
-  // to 128 otherwise (and runs without clusters).
+  // 256; 128 or 256 forces it. 256 needs N % 256 == 0 and falls back to 128 otherwise.
   int32_t tile_n = 0;
   // Most CTAs of the persistent grid (0 = one per SM). Tests set a few so that every CTA walks many
   // tiles (the shared-memory rings and their phases wrap around).
@@ -109,6 +109,16 @@ void launch_grouped_gemm(const GroupedGemmParams& p, const uint8_t* a, const uin
 // kernels visit only the valid rows.
 void launch_masked_rows(const int32_t* counts, int E, int max_m, int32_t* ids, int32_t* meta,
                         cudaStream_t stream);
+
+// How many two-CTA clusters of the opt-in cluster kernels (FP8MOE_GROUPED_MCAST) of the 128 x
+// tile_n tile the device holds at once (cudaOccupancyMaxActiveClusters); the persistent grid asks
+// for sm_count / 2.
+int grouped_cluster_occupancy(int tile_n);
+
+// CTAs per cluster the 128-row kernel runs p with: 2 (the A tile multicast to two CTAs on adjacent
+// n-blocks) when asked for (p.mcast = 1, or -1 with FP8MOE_GROUPED_MCAST=1), the n-blocks of the
+// tile width pair up and the fused activation is off; else 1.
+int grouped_cluster_ctas(const GroupedGemmParams& p);
 
 // The output tile width the 128-row kernel runs p with (128 or 256; see GroupedGemmParams::tile_n).
 int grouped_tile_n(const GroupedGemmParams& p);
