@@ -240,7 +240,9 @@ TEST(CudaAuxKernels, VectorisedQuantisersMatchScalar) {
           written += b != 0xFF;
         }
         EXPECT_GT(written, int64_t(tokens) * 2 * cols * 9 / 10);
-        if (kind == cuda::AQuant::kTensorStatic) EXPECT_GT(saturated, 0);
+        if (kind == cuda::AQuant::kTensorStatic) {
+          EXPECT_GT(saturated, 0);
+        }
       }
     }
 }

@@ -430,6 +430,117 @@ TEST(CudaGroupedGemmLongK, MoreThan128KBlocksExactBitwise) {
     }
 }
 
+// Gathered A rows (GroupedGemmParams::a_gather_div; the layer's GEMM1 with
+// FP8MOE_GROUPED_GATHER=1): A holds each token once and sorted row p reads token sorted_ids[p] /
+// topk, one 1-row TMA box per row. The output must be bitwise what the permuted copy of those rows
+// gives (the scatter path) and the float64 value, padding rows untouched, with both epilogues, one
+// and three CTAs (the ring wraps over many tiles), short and long K; where it cannot run, a clear
+// error.
+TEST(CudaGroupedGemmGather, TokenRowsBitwiseEqualToThePermutedCopy) {
+  SKIP_WITHOUT_SM90();
+  std::mt19937 rng(777);
+  const int E = 4, N = 512, T = 150, topk = 3;
+  for (const int K : {256, 2048}) {
+    const HostGemm g = make_weights(E, N, K, true, rng);
+    const int nkb = K / 128;
+    const std::vector<uint8_t> xa = random_a(T, K, rng);
+    const std::vector<float> xs = random_scales(T, K, rng);
+    // each token's topk pairs on distinct experts
+    std::vector<std::vector<int32_t>> by_e(E);
+    std::vector<int> order(E);
+    for (int e = 0; e < E; ++e) order[e] = e;
+    for (int t = 0; t < T; ++t) {
+      std::shuffle(order.begin(), order.end(), rng);
+      for (int k = 0; k < topk; ++k) by_e[order[k]].push_back(t * topk + k);
+    }
+    const int num_valid = T * topk;
+    std::vector<int32_t> sorted, blk;
+    std::vector<int> row_expert;
+    for (int e = 0; e < E; ++e) {
+      std::shuffle(by_e[e].begin(), by_e[e].end(), rng);
+      const int n = static_cast<int>(by_e[e].size()), padded = (n + 127) / 128 * 128;
+      for (int b = 0; b < padded / 128; ++b) blk.push_back(e);
+      for (int r = 0; r < padded; ++r) {
+        sorted.push_back(r < n ? by_e[e][r] : num_valid);
+        row_expert.push_back(e);
+      }
+    }
+    const int64_t rows = static_cast<int64_t>(sorted.size());
+    // the permuted copy (what the scattering quantisation writes), token 0 on padding rows
+    std::vector<uint8_t> ap(size_t(rows) * K);
+    std::vector<float> asp(size_t(rows) * nkb);
+    std::vector<uint16_t> want(size_t(rows) * N, kPoisonBf16);
+    for (int64_t pos = 0; pos < rows; ++pos) {
+      const int tok = sorted[pos] < num_valid ? sorted[pos] / topk : 0;
+      std::memcpy(&ap[size_t(pos) * K], &xa[size_t(tok) * K], K);
+      std::memcpy(&asp[size_t(pos) * nkb], &xs[size_t(tok) * nkb], nkb * 4);
+    }
+    for (int64_t pos = 0; pos < rows; ++pos)
+      if (sorted[pos] < num_valid)
+        for (int n = 0; n < N; ++n)
+          want[size_t(pos) * N + n] = host_value(g, ap, asp, pos, row_expert[pos], n, 1.0f);
+    const Tensor dsorted = to_device(sorted, DType::kI32), dblk = to_device(blk, DType::kI32);
+    const Tensor dmeta =
+        to_device(std::vector<int32_t>{static_cast<int32_t>(rows), 0, 0, 0}, DType::kI32);
+    for (const int epi : {0, 1})
+      for (const int ctas : {0, 3}) {
+        SCOPED_TRACE("K " + std::to_string(K) + (epi ? ", async" : ", sync") + ", CTAs " +
+                     (ctas ? std::to_string(ctas) : "all"));
+        cuda::GroupedGemmParams p;
+        p.tile_m = 128;
+        p.tile_n = 256;
+        p.epi_async = epi;
+        p.mcast = 0;
+        p.max_ctas = ctas;
+        p.N = N;
+        p.expert_blk = static_cast<const int32_t*>(dblk.data());
+        p.num_rows_ptr = static_cast<const int32_t*>(dmeta.data());
+        p.sorted_ids = static_cast<const int32_t*>(dsorted.data());
+        p.num_valid = num_valid;
+        p.out_stride = N;
+        // the permuted copy
+        p.a_rows = rows;
+        const GemmRun base = run_gemm(p, g, ap, asp, rows, rows / 128);
+        // the gathered token rows
+        p.a_rows = T;
+        p.a_gather_div = topk;
+        EXPECT_TRUE(cuda::grouped_gather_ok(p));
+        const GemmRun r = run_gemm(p, g, xa, xs, rows, rows / 128);
+        EXPECT_TRUE(base.canaries);
+        EXPECT_TRUE(r.canaries);
+        int64_t bad = 0, bad_base = 0;
+        for (size_t i = 0; i < want.size(); ++i) {
+          if (r.out[i] != want[i] && bad++ < 5)
+            ADD_FAILURE() << "gathered: row " << i / N << " n " << i % N << ": got 0x" << std::hex
+                          << r.out[i] << " want 0x" << want[i];
+          if (base.out[i] != want[i]) ++bad_base;
+        }
+        EXPECT_EQ(bad, 0);
+        EXPECT_EQ(bad_base, 0) << "the permuted copy";
+      }
+    // where the gather cannot run: the 128 tile, the masked layout, no sorted ids
+    cuda::GroupedGemmParams q;
+    q.N = N;
+    q.K = K;
+    q.a_rows = T;
+    q.a_gather_div = topk;
+    q.sorted_ids = static_cast<const int32_t*>(dsorted.data());
+    q.tile_n = 128;
+    EXPECT_FALSE(cuda::grouped_gather_ok(q));
+    EXPECT_THROW(cuda::launch_grouped_gemm(q, nullptr, nullptr, int64_t(E) * N, 1, nullptr),
+                 ValueError);
+    q.tile_n = 256;
+    q.masked = 1;
+    EXPECT_FALSE(cuda::grouped_gather_ok(q));
+    EXPECT_THROW(cuda::launch_grouped_gemm(q, nullptr, nullptr, int64_t(E) * N, 1, nullptr),
+                 ValueError);
+    q.masked = 0;
+    q.sorted_ids = nullptr;
+    EXPECT_THROW(cuda::launch_grouped_gemm(q, nullptr, nullptr, int64_t(E) * N, 1, nullptr),
+                 ValueError);
+  }
+}
+
 // GEMM1 with the fused activation + 1x128 quantisation epilogue (fuse_act, the 256 tile with
 // paired gate/up halves), and launch_act_quant (the grouped chain's activation + quantisation in
 // one kernel) on GEMM1's bf16 output, against the two-kernel chain on the same device (GEMM1 with
