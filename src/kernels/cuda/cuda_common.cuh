@@ -105,12 +105,6 @@ __device__ __forceinline__ void cp_async_16(void* smem, const void* gmem, int sr
                "r"(src_bytes));
 }
 __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
-// Arrive on the mbarrier once this thread's earlier cp.async copies have landed; .noinc: the
-// arrival is one of the count the barrier was initialised with.
-__device__ __forceinline__ void cp_async_mbar_arrive_noinc(uint64_t* bar) {
-  asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];\n" ::"r"(smem_u32(bar))
-               : "memory");
-}
 template <int kPending>
 __device__ __forceinline__ void cp_async_wait() {
   asm volatile("cp.async.wait_group %0;\n" ::"n"(kPending));

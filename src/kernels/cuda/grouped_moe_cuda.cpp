@@ -50,18 +50,6 @@ int64_t tile_m_for(double rows_per_expert) {
 // until measured on the card. Needs the 128-row kernel (bm = 128).
 QuantSpec group_quant(const MoeProblem& p, bool second, unsigned* amax);
 
-// GEMM1 gathering its A rows from the M quantised tokens (GroupedGemmParams::a_gather_div = topk)
-// instead of reading a copy of each token per pair in sorted order: the x quantisation then writes
-// M rows instead of M x topk (DeepSeek TP8 at M = 8192: 470 MB -> 59 MB). Opt-in with
-// FP8MOE_GROUPED_GATHER=1 until measured on the card; where grouped_gather_ok (the 256 tile).
-bool gather_wanted() {
-  static const bool env = [] {
-    const char* v = std::getenv("FP8MOE_GROUPED_GATHER");
-    return v && v[0] == '1';
-  }();
-  return env;
-}
-
 bool fuse_act_wanted(int64_t bm) {
   static const bool env = [] {
     const char* v = std::getenv("FP8MOE_GROUPED_FUSE_ACT");
@@ -236,20 +224,10 @@ void run_contiguous_chunk(const MoeProblem& p, const void* x, void* out, const v
   // rows stay unwritten: the GEMMs never store their outputs.
   uint8_t* qx = ws + L.qxs;
   float* sx = reinterpret_cast<float*>(ws + L.sxs);
-  const bool fuse = fuse_act_wanted(bm) && p.aq2 == AQuant::kGroupDynamic;
-  GroupedGemmParams g1 = gemm_params(p, p.w1, p.N1, p.H, L.capacity, sx, p.aq1);
-  g1.tile_m = static_cast<int32_t>(bm);
-  if (fuse) g1.fuse_act = 1;
-  // gathered GEMM1 A rows: x quantised once per token into rows 0..m-1 of qx / sx
-  const bool gather = gather_wanted() && p.aq1 == AQuant::kGroupDynamic && grouped_gather_ok(g1);
   {
     RowScale rs;
     if (p.router_on_input) rs.w = tw;
-    if (gather) {
-      launch_quant_scatter(group_quant(p, false, amax), x, false, p.H, static_cast<int>(m), 1,
-                           nullptr, rs, static_cast<int>(p.H), QuantOut{qx, p.H, sx, p.H / 128},
-                           st);
-    } else if (p.aq1 == AQuant::kGroupDynamic) {
+    if (p.aq1 == AQuant::kGroupDynamic) {
       launch_quant_scatter(group_quant(p, false, amax), x, false, p.H, static_cast<int>(m),
                            static_cast<int>(p.topk), al.pair_pos, rs, static_cast<int>(p.H),
                            QuantOut{qx, p.H, sx, p.H / 128}, st);
@@ -267,12 +245,10 @@ void run_contiguous_chunk(const MoeProblem& p, const void* x, void* out, const v
   void* y1 = ws + L.y1;
   uint8_t* qh = ws + L.qh;
   float* sh = reinterpret_cast<float*>(ws + L.sh);
+  const bool fuse = fuse_act_wanted(bm) && p.aq2 == AQuant::kGroupDynamic;
   {
-    GroupedGemmParams g = g1;
-    if (gather) {
-      g.a_rows = m;
-      g.a_gather_div = static_cast<int32_t>(p.topk);
-    }
+    GroupedGemmParams g = gemm_params(p, p.w1, p.N1, p.H, L.capacity, sx, p.aq1);
+    g.tile_m = static_cast<int32_t>(bm);
     g.expert_blk = al.expert_blk;
     g.num_rows_ptr = al.meta;
     g.sorted_ids = al.sorted_ids;

@@ -31,8 +31,7 @@ void launch_quant(const QuantSpec& spec, const void* src, bool src_f32, int64_t 
                   const RowSet& rows, const RowScale& rs, int cols, const QuantOut& out,
                   cudaStream_t stream);
 // Dynamic 1 x gk group quantisation of the M token rows of src into the sorted layout: token t's
-// q and scales go to the rows pair_pos[t * topk + k] (>= 0) of out (AlignOut::pair_pos); with
-// pair_pos null, to row t (topk must be 1): the token rows the grouped GEMM1 gathers from.
+// q and scales go to the rows pair_pos[t * topk + k] (>= 0) of out (AlignOut::pair_pos).
 void launch_quant_scatter(const QuantSpec& spec, const void* src, bool src_f32, int64_t src_stride,
                           int M, int topk, const int32_t* pair_pos, const RowScale& rs, int cols,
                           const QuantOut& out, cudaStream_t stream);

@@ -80,12 +80,8 @@ int grouped_tile_n(const GroupedGemmParams& p) {
   return (want == kG2BN && p.N % kG2BN == 0) ? kG2BN : kGBN;
 }
 
-bool grouped_gather_ok(const GroupedGemmParams& p) {
-  return p.tile_m == 128 && !p.fuse_act && !p.masked && grouped_tile_n(p) == kG2BN;
-}
-
 int grouped_cluster_ctas(const GroupedGemmParams& p) {
-  if (p.tile_m != 128 || p.fuse_act || p.a_gather_div > 0 || !mcast_wanted(p)) return 1;
+  if (p.tile_m != 128 || p.fuse_act || !mcast_wanted(p)) return 1;
   return (p.N / grouped_tile_n(p)) % 2 == 0 ? 2 : 1;  // the n-blocks pair up
 }
 
@@ -183,18 +179,9 @@ void launch_grouped_gemm(const GroupedGemmParams& p, const uint8_t* a, const uin
     throw ValueError(
         "grouped GEMM: the fused activation needs N % 256 == 0, no scatter, no row weight and "
         "q_out / q_scale");
-  if (p.a_gather_div > 0 && (!grouped_gather_ok(p) || !p.sorted_ids))
-    throw ValueError(
-        "grouped GEMM: gathered A rows (a_gather_div) need the 128 x 256 tile (N % 256 == 0) of "
-        "the "
-        "contiguous layout with sorted_ids, without the fused activation");
-  if (p.a_gather_div > 0 && (reinterpret_cast<uintptr_t>(a) & 15) != 0)
-    throw ValueError("grouped GEMM: gathered A rows need a 16-byte aligned A");
   const int mc = grouped_cluster_ctas(p);
   if (p.fuse_act || grouped_tile_n(p) == kG2BN) {  // 128 x 256 tiles (two 128-row B halves)
-    // gathered A: one box per row; else 128 rows (64 per CTA of a two-CTA cluster)
-    const CUtensorMap tm_a =
-        make_tma_2d_u8(a, p.K, p.a_rows, kGBK, p.a_gather_div > 0 ? 1 : kGBM / mc);
+    const CUtensorMap tm_a = make_tma_2d_u8(a, p.K, p.a_rows, kGBK, kGBM / mc);
     const CUtensorMap tm_b = make_tma_2d_u8(b, p.K, b_rows, kGBK, kGBN);  // one 128-row half
     const int64_t tiles = max_m_blocks * (p.N / kG2BN);
     if (mc == 2) {  // opt-in two-CTA clusters sharing A (FP8MOE_GROUPED_MCAST=1 / p.mcast = 1)
@@ -205,14 +192,12 @@ void launch_grouped_gemm(const GroupedGemmParams& p, const uint8_t* a, const uin
       return;
     }
     const unsigned grid = static_cast<unsigned>(grid_ctas(p, tiles));
-    GroupedGemmParams q = p;
-    q.a_src = p.a_gather_div > 0 ? a : nullptr;
-    if (q.fuse_act)
-      grouped_gemm_n256_kernel<1, 0><<<grid, kGThreads, kG2SmemBytes, stream>>>(q, tm_a, tm_b);
-    else if (grouped_epi_async(q))
-      grouped_gemm_n256_kernel<0, 1><<<grid, kGThreads, kG2aSmemBytes, stream>>>(q, tm_a, tm_b);
+    if (p.fuse_act)
+      grouped_gemm_n256_kernel<1, 0><<<grid, kGThreads, kG2SmemBytes, stream>>>(p, tm_a, tm_b);
+    else if (grouped_epi_async(p))
+      grouped_gemm_n256_kernel<0, 1><<<grid, kGThreads, kG2aSmemBytes, stream>>>(p, tm_a, tm_b);
     else
-      grouped_gemm_n256_kernel<0, 0><<<grid, kGThreads, kG2SmemBytes, stream>>>(q, tm_a, tm_b);
+      grouped_gemm_n256_kernel<0, 0><<<grid, kGThreads, kG2SmemBytes, stream>>>(p, tm_a, tm_b);
     FP8MOE_CUDA_CHECK_LAUNCH();
     return;
   }

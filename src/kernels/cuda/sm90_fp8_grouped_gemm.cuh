@@ -635,8 +635,7 @@ __global__ void __launch_bounds__(kGThreads, 1)
   const int warp = wtid / 32, lane = tid % 32;
   if (tid == 0) {
     for (int i = 0; i < kSt; ++i) {
-      // gathered A: + one arrival per A row (the producer threads' cp.async)
-      mbar_init(&full[i], (kMc == 1 && !kFuse && p.a_gather_div > 0) ? 1 + kGBM : 1);
+      mbar_init(&full[i], 1);
       mbar_init(&empty[i], 8 * kMc);  // one arrive per consumer warp (of each CTA of the cluster)
     }
     fence_barrier_init();
@@ -661,38 +660,7 @@ __global__ void __launch_bounds__(kGThreads, 1)
   if (wg == 0) {
     // =============================== producer ===============================================
     gg_setmaxnreg_dec<40>();
-    if (kMc == 1 && !kFuse && p.a_gather_div > 0) {
-      // gathered A rows (GroupedGemmParams::a_gather_div): producer thread r copies tile row r
-      // (its token's 128 bytes of the K block) with eight 16-byte cp.async into the row's slot of
-      // the stage, each 16-byte chunk c at c ^ (r % 8): the 128-byte swizzle TMA would write (the
-      // stage is 1024-byte aligned), so the consumers run unchanged. Its arrival on the full
-      // barrier follows its copies (cp.async.mbarrier.arrive.noinc; the barrier counts the 128
-      // rows and thread 0's expect_tx for the B halves, which thread 0 loads by TMA).
-      if (wtid == 0) tma_prefetch_desc(&tm_b);
-      const int r = wtid;
-      int it = 0;
-      for (int t = cid; t < n_tiles; t += ncl) {
-        const GTile g = gg_tile(p, pref, total_m, n_tiles_n, t);
-        const int brow0 = g.e * p.N + g.nt * kG2BN, brow1 = brow0 + kGBN;
-        const int id = __ldg(p.sorted_ids + g.row0 + r);
-        const uint8_t* src = p.a_src + int64_t(id < p.num_valid ? id / p.a_gather_div : 0) * p.K;
-        for (int kb = 0; kb < num_kb; ++kb, ++it) {
-          const int s = it % kSt;
-          const uint32_t ph = (it / kSt) & 1;
-          mbar_wait(&empty[s], ph ^ 1);
-          uint8_t* dst = smem + s * kG2StageBytes;
-          if (wtid == 0) {
-            mbar_arrive_expect_tx(&full[s], 2 * kGBStage);
-            tma_load_2d(dst + kGAStage, &tm_b, &full[s], kb * kGBK, brow0);
-            tma_load_2d(dst + kGAStage + kGBStage, &tm_b, &full[s], kb * kGBK, brow1);
-          }
-#pragma unroll
-          for (int c = 0; c < 8; ++c)
-            cp_async_16(dst + r * kGBK + ((c ^ (r & 7)) << 4), src + kb * kGBK + c * 16);
-          cp_async_mbar_arrive_noinc(&full[s]);
-        }
-      }
-    } else if (wtid == 0) {
+    if (wtid == 0) {
       tma_prefetch_desc(&tm_a);
       tma_prefetch_desc(&tm_b);
       int it = 0;
@@ -730,7 +698,6 @@ __global__ void __launch_bounds__(kGThreads, 1)
   const int cw = wg - 1;  // rows [64 cw, 64 cw + 64) of the tile
   const int r_lo = cw * 64 + warp * 16 + (lane >> 2), r_hi = r_lo + 8;
   const int q = lane & 3;
-  const bool gathered = kMc == 1 && !kFuse && p.a_gather_div > 0;
   int it = 0;
   for (int t = cid; t < n_tiles; t += ncl) {
     GTile g = gg_tile(p, pref, total_m, n_tiles_n, t);
@@ -739,13 +706,6 @@ __global__ void __launch_bounds__(kGThreads, 1)
     // rows past A's end (masked tail) read scale 0: their outputs are never stored
     const float* as0 = ar0 < p.a_rows ? p.a_scale + ar0 * p.a_scale_stride : nullptr;
     const float* as1 = ar1 < p.a_rows ? p.a_scale + ar1 * p.a_scale_stride : nullptr;
-    if (gathered) {  // gathered A: the scale rows of the tokens
-      const int id0 = __ldg(p.sorted_ids + ar0), id1 = __ldg(p.sorted_ids + ar1);
-      as0 = id0 < p.num_valid ? p.a_scale + int64_t(id0 / p.a_gather_div) * p.a_scale_stride
-                              : nullptr;
-      as1 = id1 < p.num_valid ? p.a_scale + int64_t(id1 / p.a_gather_div) * p.a_scale_stride
-                              : nullptr;
-    }
     // b_scale of the halves' 128-row blocks: 2 nt and 2 nt + 1 (fused: nt and N / 256 + nt)
     const int nb0 = kFuse ? g.nt : 2 * g.nt, nb1 = kFuse ? p.N / kG2BN + g.nt : 2 * g.nt + 1;
     const float* bs0 =
@@ -767,9 +727,6 @@ __global__ void __launch_bounds__(kGThreads, 1)
       const int s = it % kSt;
       const uint32_t ph = (it / kSt) & 1;
       mbar_wait(&full[s], ph);
-      // gathered A: the rows were written by cp.async (generic proxy), wgmma reads them through
-      // the async proxy
-      if (gathered) fence_proxy_async();
       const uint8_t* a_s = smem + s * kG2StageBytes + cw * (64 * kGBK);
       const uint8_t* b_s = smem + s * kG2StageBytes + kGAStage;
       const uint64_t da = gg_desc(a_s), db0 = gg_desc(b_s), db1 = gg_desc(b_s + kGBStage);

@@ -94,14 +94,6 @@ struct GroupedGemmParams {
   // force it. Not with fuse_act; needs a 16-byte aligned out and out_stride % 8 == 0 (else sync).
   // (Last member: the kernels that do not read it keep their parameter offsets.)
   int32_t epi_async = -1;
-  // > 0: gathered A rows (128 x 256 tile of the contiguous layout, sorted_ids required): sorted row
-  // p reads A row sorted_ids[p] / a_gather_div and its a_scale row likewise (rows whose id >=
-  // num_valid read A row 0 and scale 0; never stored), so A holds each token once (GEMM1: the M
-  // quantised tokens, a_gather_div = topk) instead of once per pair in sorted order. The producer
-  // warpgroup copies the rows with cp.async (16-byte aligned A: K % 16 == 0 holds). a_rows = rows
-  // of A. grouped_gather_ok says where it runs.
-  int32_t a_gather_div = 0;
-  const uint8_t* a_src = nullptr;  // set by launch_grouped_gemm (A for the gathering producer)
 };
 
 // Most experts the masked scheduler handles (its prefix table lives in shared memory).
@@ -127,10 +119,6 @@ int grouped_cluster_occupancy(int tile_n);
 // n-blocks) when asked for (p.mcast = 1, or -1 with FP8MOE_GROUPED_MCAST=1), the n-blocks of the
 // tile width pair up and the fused activation is off; else 1.
 int grouped_cluster_ctas(const GroupedGemmParams& p);
-
-// Whether p can take gathered A rows (a_gather_div): the 128-row kernel's 128 x 256 tile on the
-// contiguous layout, without the fused activation.
-bool grouped_gather_ok(const GroupedGemmParams& p);
 
 // The output tile width the 128-row kernel runs p with (128 or 256; see GroupedGemmParams::tile_n).
 int grouped_tile_n(const GroupedGemmParams& p);

@@ -115,8 +115,6 @@ void launch_quant_scatter(const QuantSpec& spec, const void* src, bool src_f32, 
   if (M == 0 || cols == 0) return;
   if (spec.kind != AQuant::kGroupDynamic || spec.gk != 128)
     throw NotImplementedError("cuda: the scattering quantisation runs 1 x 128 dynamic groups only");
-  if (!pair_pos && topk != 1)
-    throw ValueError("cuda: the token-row quantisation (no pair_pos) takes topk = 1");
   const unsigned blocks = static_cast<unsigned>(ceil_div(int64_t(M) * (cols / 8), 256));
   if (src_f32)
     quant_group_scatter_kernel<float, 128><<<blocks, 256, 0, stream>>>(

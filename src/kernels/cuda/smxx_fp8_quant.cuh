@@ -119,7 +119,7 @@ __global__ void __launch_bounds__(256)
   const float s = group_scale(amax, ue8m0 != 0, min_scale);
   const uint2 qv = quant8(v, s);
   for (int k = 0; k < topk; ++k) {
-    const int pos = pair_pos ? pair_pos[int64_t(t) * topk + k] : t;  // null: row t, once
+    const int pos = pair_pos[int64_t(t) * topk + k];
     if (pos < 0) continue;
     *reinterpret_cast<uint2*>(q + int64_t(pos) * q_stride + c8 * 8) = qv;
     if ((c8 % kTpg) == 0) s_out[int64_t(pos) * s_stride + c8 / kTpg] = s;
