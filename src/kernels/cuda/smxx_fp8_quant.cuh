@@ -47,13 +47,19 @@ __device__ __forceinline__ float group_scale(float amax, bool ue8m0, float min_s
   return fmaxf(s, min_scale);
 }
 
-__device__ __forceinline__ uint2 quant8(const float (&v)[8], float s) {
+// Eight e4m3 codes (low byte first) of the scaled values f(0) .. f(7), packed for one 8-byte
+// store: the one place the quantisers pack their codes. f returns the value already divided by
+// the scale (v / s: group and per-token scales, spec/numerics.md §3) or multiplied by its inverse
+// (the per-tensor kernels: vLLM's scaled_fp8_conversion multiplies by the inverse scale).
+template <class F>
+__device__ __forceinline__ uint2 pack8_e4m3(F f) {
   uint32_t w[4];
 #pragma unroll
-  for (int i = 0; i < 4; ++i) {
-    w[i] = float2_to_e4m3x2(v[2 * i] / s, v[2 * i + 1] / s);
-  }
+  for (int i = 0; i < 4; ++i) w[i] = float2_to_e4m3x2(f(2 * i), f(2 * i + 1));
   return make_uint2(w[0] | (w[1] << 16), w[2] | (w[3] << 16));
+}
+__device__ __forceinline__ uint2 quant8(const float (&v)[8], float s) {
+  return pack8_e4m3([&](int i) { return v[i] / s; });
 }
 
 // Per-token-group quantisation; one thread per 8 elements, kGroup/8 threads per group.
@@ -239,13 +245,8 @@ __global__ void __launch_bounds__(256)
   for (int c8 = threadIdx.x; c8 < c8_per_row; c8 += blockDim.x) {
     float v[8];
     load8<T>(x + c8 * 8, v);
-    uint32_t w[4];
-#pragma unroll
-    for (int i = 0; i < 4; ++i)
-      w[i] = float2_to_e4m3x2(row_scale_apply(rs, v[2 * i], sr, sizeof(T) == 2) / s,
-                              row_scale_apply(rs, v[2 * i + 1], sr, sizeof(T) == 2) / s);
     *reinterpret_cast<uint2*>(q + int64_t(row) * q_stride + c8 * 8) =
-        make_uint2(w[0] | (w[1] << 16), w[2] | (w[3] << 16));
+        pack8_e4m3([&](int i) { return row_scale_apply(rs, v[i], sr, sizeof(T) == 2) / s; });
   }
   if (threadIdx.x == 0) s_out[row] = s;
 }
@@ -274,13 +275,8 @@ __global__ void __launch_bounds__(256)
     for (int k = 0; k < kC; ++k) load8<T>(src + int64_t(sr) * src_stride + (c8 + k) * 8, v[k]);
 #pragma unroll
     for (int k = 0; k < kC; ++k) {
-      uint32_t w[4];
-#pragma unroll
-      for (int i = 0; i < 4; ++i)
-        w[i] = float2_to_e4m3x2(row_scale_apply(rs, v[k][2 * i], sr, sizeof(T) == 2) * inv,
-                                row_scale_apply(rs, v[k][2 * i + 1], sr, sizeof(T) == 2) * inv);
       *reinterpret_cast<uint2*>(q + int64_t(row) * q_stride + (c8 + k) * 8) =
-          make_uint2(w[0] | (w[1] << 16), w[2] | (w[3] << 16));
+          pack8_e4m3([&](int i) { return row_scale_apply(rs, v[k][i], sr, sizeof(T) == 2) * inv; });
     }
   }
 }
@@ -501,11 +497,8 @@ __global__ void __launch_bounds__(256)
         const float r = act_gated(ap, g[k][i], u[k][i]);
         v[i] = kHF32 ? r : bf16_round(r);
       }
-      uint32_t w[4];
-#pragma unroll
-      for (int i = 0; i < 4; ++i) w[i] = float2_to_e4m3x2(v[2 * i] * inv, v[2 * i + 1] * inv);
       *reinterpret_cast<uint2*>(q + int64_t(row) * q_stride + (c8 + k) * 8) =
-          make_uint2(w[0] | (w[1] << 16), w[2] | (w[3] << 16));
+          pack8_e4m3([&](int i) { return v[i] * inv; });
     }
   }
 }
@@ -533,11 +526,7 @@ __global__ void __launch_bounds__(256)
   for (int c8 = threadIdx.x; c8 < c8_per_row; c8 += blockDim.x) {
     float v[8];
     act8<kHF32>(ap, y, I, c8, v);
-    uint32_t w[4];
-#pragma unroll
-    for (int i = 0; i < 4; ++i) w[i] = float2_to_e4m3x2(v[2 * i] / s, v[2 * i + 1] / s);
-    *reinterpret_cast<uint2*>(q + int64_t(row) * q_stride + c8 * 8) =
-        make_uint2(w[0] | (w[1] << 16), w[2] | (w[3] << 16));
+    *reinterpret_cast<uint2*>(q + int64_t(row) * q_stride + c8 * 8) = quant8(v, s);
   }
   if (threadIdx.x == 0) s_out[row] = s;
 }
