@@ -93,7 +93,12 @@ TEST(EpLayerCuda, SimulatedRanksOnOneGpuMatchTheSingleRankLayer) {
           first += n;
         }
         for (auto& t : threads) t.join();
-        for (int r = 0; r < ep; ++r) ASSERT_EQ(errors[r], "") << "ep " << ep << " rank " << r;
+        // every rank's error (a rank that only saw a peer fail names that peer: the peer's own
+        // message says why)
+        std::string all_errors;
+        for (int r = 0; r < ep; ++r)
+          if (!errors[r].empty()) all_errors += "\n  rank " + std::to_string(r) + ": " + errors[r];
+        ASSERT_EQ(all_errors, "") << "ep " << ep << ", M " << M;
         Tensor got = Tensor::empty({M, 256}, DType::kBF16);
         std::size_t off = 0;
         for (const Tensor& o : outs) {
