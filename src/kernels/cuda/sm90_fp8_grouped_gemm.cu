@@ -37,22 +37,30 @@ int64_t grid_ctas(const GroupedGemmParams& p, int64_t tiles) {
 namespace {
 using GroupedKernel = void (*)(GroupedGemmParams, CUtensorMap, CUtensorMap);
 
-// A persistent grid of two-CTA clusters (cluster dimension 2 along x) for about `ctas` CTAs.
-void launch_cluster2(GroupedKernel kernel, int64_t ctas, int smem, cudaStream_t stream,
-                     const GroupedGemmParams& p, const CUtensorMap& tm_a, const CUtensorMap& tm_b) {
-  const int64_t clusters = std::max<int64_t>(1, ctas / 2);
+// Launch configuration of `grid` CTAs in two-CTA clusters (cluster dimension 2 along x); `attr`
+// holds the cluster attribute cfg points to.
+cudaLaunchConfig_t cluster2_config(int64_t grid, int smem, cudaStream_t stream,
+                                   cudaLaunchAttribute* attr) {
   cudaLaunchConfig_t cfg{};
-  cfg.gridDim = dim3(static_cast<unsigned>(clusters * 2));
+  cfg.gridDim = dim3(static_cast<unsigned>(grid));
   cfg.blockDim = dim3(kGThreads);
   cfg.dynamicSmemBytes = static_cast<size_t>(smem);
   cfg.stream = stream;
-  cudaLaunchAttribute attr[1];
-  attr[0].id = cudaLaunchAttributeClusterDimension;
-  attr[0].val.clusterDim.x = 2;
-  attr[0].val.clusterDim.y = 1;
-  attr[0].val.clusterDim.z = 1;
+  attr->id = cudaLaunchAttributeClusterDimension;
+  attr->val.clusterDim.x = 2;
+  attr->val.clusterDim.y = 1;
+  attr->val.clusterDim.z = 1;
   cfg.attrs = attr;
   cfg.numAttrs = 1;
+  return cfg;
+}
+
+// A persistent grid of two-CTA clusters for about `ctas` CTAs.
+void launch_cluster2(GroupedKernel kernel, int64_t ctas, int smem, cudaStream_t stream,
+                     const GroupedGemmParams& p, const CUtensorMap& tm_a, const CUtensorMap& tm_b) {
+  cudaLaunchAttribute attr;
+  const cudaLaunchConfig_t cfg =
+      cluster2_config(2 * std::max<int64_t>(1, ctas / 2), smem, stream, &attr);
   FP8MOE_CUDA_CHECK(cudaLaunchKernelEx(&cfg, kernel, p, tm_a, tm_b));
 }
 
@@ -205,7 +213,6 @@ void launch_grouped_gemm(const GroupedGemmParams& p, const uint8_t* a, const uin
         "q_out / q_scale");
   const int mc = grouped_cluster_ctas(p);
   if (p.fuse_act || grouped_tile_n(p) == kG2BN) {  // 128 x 256 tiles (two 128-row B halves)
-    const CUtensorMap tm_a = make_tma_2d_u8(a, p.K, p.a_rows, kGBK, kGBM / mc);
     const CUtensorMap tm_b = make_tma_2d_u8(b, p.K, b_rows, kGBK, kGBN);  // one 128-row half
     const int64_t tiles = max_m_blocks * (p.N / kG2BN);
     if (grouped_pingpong(p)) {  // 64 x 256 tiles, one warpgroup each (opt-in)
@@ -215,6 +222,7 @@ void launch_grouped_gemm(const GroupedGemmParams& p, const uint8_t* a, const uin
       FP8MOE_CUDA_CHECK_LAUNCH();
       return;
     }
+    const CUtensorMap tm_a = make_tma_2d_u8(a, p.K, p.a_rows, kGBK, kGBM / mc);
     if (mc == 2) {  // opt-in two-CTA clusters sharing A (FP8MOE_GROUPED_MCAST=1 / p.mcast = 1)
       const bool async = grouped_epi_async(p);
       launch_cluster2(async ? grouped_gemm_n256_kernel<0, 1, 2> : grouped_gemm_n256_kernel<0, 0, 2>,
@@ -254,17 +262,8 @@ int grouped_cluster_occupancy(int tile_n) {
       tile_n == kG2BN ? grouped_gemm_n256_kernel<0, 0, 2> : grouped_gemm_kernel<2>;
   const int smem = tile_n == kG2BN ? kG2SmemBytes : kGSmemBytes;
   FP8MOE_CUDA_CHECK(cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
-  cudaLaunchConfig_t cfg{};
-  cfg.gridDim = dim3(static_cast<unsigned>(2 * sm_count()));
-  cfg.blockDim = dim3(kGThreads);
-  cfg.dynamicSmemBytes = static_cast<size_t>(smem);
-  cudaLaunchAttribute attr[1];
-  attr[0].id = cudaLaunchAttributeClusterDimension;
-  attr[0].val.clusterDim.x = 2;
-  attr[0].val.clusterDim.y = 1;
-  attr[0].val.clusterDim.z = 1;
-  cfg.attrs = attr;
-  cfg.numAttrs = 1;
+  cudaLaunchAttribute attr;
+  const cudaLaunchConfig_t cfg = cluster2_config(2 * sm_count(), smem, nullptr, &attr);
   int n = 0;
   FP8MOE_CUDA_CHECK(cudaOccupancyMaxActiveClusters(&n, k, &cfg));
   return n;

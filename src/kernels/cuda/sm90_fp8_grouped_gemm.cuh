@@ -603,6 +603,70 @@ __device__ __forceinline__ void gg_fused_act_quant_epilogue(const GroupedGemmPar
   }
 }
 
+// One 128-wide K block of a warpgroup's 64 x 256 output (the 128 x 256 tile's half, or the
+// ping-pong tile): 4 x wgmma m64n128k32 for B half 0 into the fresh partial, promoted into
+// acc[0..63] with scale sa * sb0, then the same for half 1 into acc[64..127] with sb1; the next K
+// block's scales are loaded under half 0's wgmma. after_issue() runs right after half 0 is issued,
+// release() once both halves' wgmma have read the stage.
+template <class AfterIssue, class Release>
+__device__ __forceinline__ void gg_kblock_64x256(const GroupedGemmParams& p, float (&acc)[128],
+                                                 float (&part)[64], uint64_t da, uint64_t db0,
+                                                 uint64_t db1, int kb, int num_kb, const float* as0,
+                                                 const float* as1, const float* bs0,
+                                                 const float* bs1, float& sa0, float& sa1,
+                                                 float& sb0, float& sb1, AfterIssue after_issue,
+                                                 Release release) {
+  // half 0
+  gg_reg_fence(part);
+  gg_fence();
+#pragma unroll
+  for (int ks = 0; ks < 4; ++ks) gg_wgmma_n128(part, da + 2 * ks, db0 + 2 * ks, ks > 0);
+  gg_commit();
+  after_issue();
+  float na0 = 0.0f, na1 = 0.0f, nb0 = 0.0f, nb1 = 0.0f;
+  if (kb + 1 < num_kb) {
+    na0 = as0 ? __ldg(as0 + (kb + 1) * p.a_scale_kb) : 0.0f;
+    na1 = as1 ? __ldg(as1 + (kb + 1) * p.a_scale_kb) : 0.0f;
+    nb0 = __ldg(bs0 + (kb + 1) * p.b_scale_kb);
+    nb1 = __ldg(bs1 + (kb + 1) * p.b_scale_kb);
+  }
+  gg_wait0();
+  gg_reg_fence(part);
+  {
+    const float s0 = sa0 * sb0, s1 = sa1 * sb0;
+#pragma unroll
+    for (int j = 0; j < 16; ++j) {
+      acc[4 * j + 0] = fmaf(part[4 * j + 0], s0, acc[4 * j + 0]);
+      acc[4 * j + 1] = fmaf(part[4 * j + 1], s0, acc[4 * j + 1]);
+      acc[4 * j + 2] = fmaf(part[4 * j + 2], s1, acc[4 * j + 2]);
+      acc[4 * j + 3] = fmaf(part[4 * j + 3], s1, acc[4 * j + 3]);
+    }
+  }
+  // half 1
+  gg_reg_fence(part);
+  gg_fence();
+#pragma unroll
+  for (int ks = 0; ks < 4; ++ks) gg_wgmma_n128(part, da + 2 * ks, db1 + 2 * ks, ks > 0);
+  gg_commit();
+  gg_wait0();
+  gg_reg_fence(part);
+  release();
+  {
+    const float s0 = sa0 * sb1, s1 = sa1 * sb1;
+#pragma unroll
+    for (int j = 0; j < 16; ++j) {
+      acc[64 + 4 * j + 0] = fmaf(part[4 * j + 0], s0, acc[64 + 4 * j + 0]);
+      acc[64 + 4 * j + 1] = fmaf(part[4 * j + 1], s0, acc[64 + 4 * j + 1]);
+      acc[64 + 4 * j + 2] = fmaf(part[4 * j + 2], s1, acc[64 + 4 * j + 2]);
+      acc[64 + 4 * j + 3] = fmaf(part[4 * j + 3], s1, acc[64 + 4 * j + 3]);
+    }
+  }
+  sa0 = na0;
+  sa1 = na1;
+  sb0 = nb0;
+  sb1 = nb1;
+}
+
 // kFuse = 1: GEMM1 with the fused activation + quantisation epilogue (GroupedGemmParams::fuse_act).
 // kAsync = 1: the asynchronous epilogue (bulk copies; not with kFuse).
 // kMc = 2: clusters of two CTAs on the same m-block and adjacent 256-wide n-blocks (CTA rank r
@@ -730,64 +794,23 @@ __global__ void __launch_bounds__(kGThreads, 1)
       const uint8_t* a_s = smem + s * kG2StageBytes + cw * (64 * kGBK);
       const uint8_t* b_s = smem + s * kG2StageBytes + kGAStage;
       const uint64_t da = gg_desc(a_s), db0 = gg_desc(b_s), db1 = gg_desc(b_s + kGBStage);
-      // half 0
-      gg_reg_fence(part);
-      gg_fence();
+      gg_kblock_64x256(
+          p, acc, part, da, db0, db1, kb, num_kb, as0, as1, bs0, bs1, sa0, sa1, sb0, sb1,
+          [&] {
+            if constexpr (kAsync) {
+              if (kb == 0 && wtid < 64) gg_row_finish(p, g, cw * 64 + wtid, row_id, row_dst, row_w);
+            }
+          },
+          [&] {
+            if (lane == 0) {
+              if constexpr (kMc > 1) {
 #pragma unroll
-      for (int ks = 0; ks < 4; ++ks) gg_wgmma_n128(part, da + 2 * ks, db0 + 2 * ks, ks > 0);
-      gg_commit();
-      if constexpr (kAsync) {
-        if (kb == 0 && wtid < 64) gg_row_finish(p, g, cw * 64 + wtid, row_id, row_dst, row_w);
-      }
-      float na0 = 0.0f, na1 = 0.0f, nb0 = 0.0f, nb1 = 0.0f;
-      if (kb + 1 < num_kb) {
-        na0 = as0 ? __ldg(as0 + (kb + 1) * p.a_scale_kb) : 0.0f;
-        na1 = as1 ? __ldg(as1 + (kb + 1) * p.a_scale_kb) : 0.0f;
-        nb0 = __ldg(bs0 + (kb + 1) * p.b_scale_kb);
-        nb1 = __ldg(bs1 + (kb + 1) * p.b_scale_kb);
-      }
-      gg_wait0();
-      gg_reg_fence(part);
-      {
-        const float s0 = sa0 * sb0, s1 = sa1 * sb0;
-#pragma unroll
-        for (int j = 0; j < 16; ++j) {
-          acc[4 * j + 0] = fmaf(part[4 * j + 0], s0, acc[4 * j + 0]);
-          acc[4 * j + 1] = fmaf(part[4 * j + 1], s0, acc[4 * j + 1]);
-          acc[4 * j + 2] = fmaf(part[4 * j + 2], s1, acc[4 * j + 2]);
-          acc[4 * j + 3] = fmaf(part[4 * j + 3], s1, acc[4 * j + 3]);
-        }
-      }
-      // half 1
-      gg_reg_fence(part);
-      gg_fence();
-#pragma unroll
-      for (int ks = 0; ks < 4; ++ks) gg_wgmma_n128(part, da + 2 * ks, db1 + 2 * ks, ks > 0);
-      gg_commit();
-      gg_wait0();
-      gg_reg_fence(part);
-      if (lane == 0) {
-        if constexpr (kMc > 1) {
-#pragma unroll
-          for (int r = 0; r < kMc; ++r) gg_arrive_cluster(&empty[s], r);
-        } else {
-          mbar_arrive(&empty[s]);
-        }
-      }
-      {
-        const float s0 = sa0 * sb1, s1 = sa1 * sb1;
-#pragma unroll
-        for (int j = 0; j < 16; ++j) {
-          acc[64 + 4 * j + 0] = fmaf(part[4 * j + 0], s0, acc[64 + 4 * j + 0]);
-          acc[64 + 4 * j + 1] = fmaf(part[4 * j + 1], s0, acc[64 + 4 * j + 1]);
-          acc[64 + 4 * j + 2] = fmaf(part[4 * j + 2], s1, acc[64 + 4 * j + 2]);
-          acc[64 + 4 * j + 3] = fmaf(part[4 * j + 3], s1, acc[64 + 4 * j + 3]);
-        }
-      }
-      sa0 = na0;
-      sa1 = na1;
-      sb0 = nb0;
-      sb1 = nb1;
+                for (int r = 0; r < kMc; ++r) gg_arrive_cluster(&empty[s], r);
+              } else {
+                mbar_arrive(&empty[s]);
+              }
+            }
+          });
     }
 
     if constexpr (kAsync) {
@@ -977,54 +1000,11 @@ __global__ void __launch_bounds__(kGThreads, 1)
       const uint8_t* a_s = ring + s * kPpStageBytes;
       const uint8_t* b_s = a_s + kPpAStage;
       const uint64_t da = gg_desc(a_s), db0 = gg_desc(b_s), db1 = gg_desc(b_s + kGBStage);
-      // half 0
-      gg_reg_fence(part);
-      gg_fence();
-#pragma unroll
-      for (int ks = 0; ks < 4; ++ks) gg_wgmma_n128(part, da + 2 * ks, db0 + 2 * ks, ks > 0);
-      gg_commit();
-      float na0 = 0.0f, na1 = 0.0f, nb0 = 0.0f, nb1 = 0.0f;
-      if (kb + 1 < num_kb) {
-        na0 = as0 ? __ldg(as0 + (kb + 1) * p.a_scale_kb) : 0.0f;
-        na1 = as1 ? __ldg(as1 + (kb + 1) * p.a_scale_kb) : 0.0f;
-        nb0 = __ldg(bs0 + (kb + 1) * p.b_scale_kb);
-        nb1 = __ldg(bs1 + (kb + 1) * p.b_scale_kb);
-      }
-      gg_wait0();
-      gg_reg_fence(part);
-      {
-        const float s0 = sa0 * sb0, s1 = sa1 * sb0;
-#pragma unroll
-        for (int j = 0; j < 16; ++j) {
-          acc[4 * j + 0] = fmaf(part[4 * j + 0], s0, acc[4 * j + 0]);
-          acc[4 * j + 1] = fmaf(part[4 * j + 1], s0, acc[4 * j + 1]);
-          acc[4 * j + 2] = fmaf(part[4 * j + 2], s1, acc[4 * j + 2]);
-          acc[4 * j + 3] = fmaf(part[4 * j + 3], s1, acc[4 * j + 3]);
-        }
-      }
-      // half 1
-      gg_reg_fence(part);
-      gg_fence();
-#pragma unroll
-      for (int ks = 0; ks < 4; ++ks) gg_wgmma_n128(part, da + 2 * ks, db1 + 2 * ks, ks > 0);
-      gg_commit();
-      gg_wait0();
-      gg_reg_fence(part);
-      if (lane == 0) mbar_arrive(&rempty[s]);
-      {
-        const float s0 = sa0 * sb1, s1 = sa1 * sb1;
-#pragma unroll
-        for (int j = 0; j < 16; ++j) {
-          acc[64 + 4 * j + 0] = fmaf(part[4 * j + 0], s0, acc[64 + 4 * j + 0]);
-          acc[64 + 4 * j + 1] = fmaf(part[4 * j + 1], s0, acc[64 + 4 * j + 1]);
-          acc[64 + 4 * j + 2] = fmaf(part[4 * j + 2], s1, acc[64 + 4 * j + 2]);
-          acc[64 + 4 * j + 3] = fmaf(part[4 * j + 3], s1, acc[64 + 4 * j + 3]);
-        }
-      }
-      sa0 = na0;
-      sa1 = na1;
-      sb0 = nb0;
-      sb1 = nb1;
+      gg_kblock_64x256(
+          p, acc, part, da, db0, db1, kb, num_kb, as0, as1, bs0, bs1, sa0, sa1, sb0, sb1, [] {},
+          [&] {
+            if (lane == 0) mbar_arrive(&rempty[s]);
+          });
     }
 
     // ---- epilogue: four 64-column quarters through the warpgroup's staging buffer ----
