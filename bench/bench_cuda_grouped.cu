@@ -8,6 +8,9 @@
 // (N = 2I, K = H) and GEMM2 (N = H, K = I) alone, contiguous and masked layouts (TFLOP/s on the
 // useful rows, weight-read TB/s), an uneven variant (counts 0.7-1.3x the mean), and the full
 // layer ("cuda_grouped" vs "cuda_fused", routing precomputed, uniform top-k) where it fits.
+// GEMM2 of the contiguous layouts carries the layer's row metadata (sorted ids with padding
+// sentinels in a shuffled token order, router weights), as the layer's GEMM2 does; --gemm2-meta 0
+// drops it (the rows of grouped runs 1-8, whose GEMM2 had none).
 // Times: CUDA-graph replay medians. Output: a table on stdout and a CSV (--csv FILE).
 #include <cublasLt.h>
 #include <cuda_runtime.h>
@@ -33,6 +36,7 @@ namespace {
 
 int g_mcast = -1;                  // --mcast 0|1 (default: the library's default)
 std::vector<int> g_group_m = {0};  // --group-m 8,16 (0: the library's default)
+int g_gemm2_meta = 1;              // --gemm2-meta 0|1: GEMM2 with the layer's sorted ids / weights
 
 std::vector<int> parse_ints(const std::string& v) {
   std::vector<int> out;
@@ -226,7 +230,7 @@ struct GemmResult {
 };
 GemmResult bench_gemm(cudaStream_t st, bool masked, int64_t E, int64_t N, int64_t K,
                       const std::vector<int>& counts, const uint8_t* w, const float* ws_scale,
-                      int reps, int tm = 128, int tn = 0, int group_m = 0) {
+                      int reps, int tm = 128, int tn = 0, int group_m = 0, bool meta = false) {
   int64_t rows = 0, useful = 0, active = 0, max_m = 0;
   std::vector<int32_t> blk;
   for (int64_t e = 0; e < E; ++e) {
@@ -254,8 +258,27 @@ GemmResult bench_gemm(cudaStream_t st, bool masked, int64_t E, int64_t N, int64_
   std::vector<int32_t> cnt32(counts.begin(), counts.end());
   CK(cudaMemcpy(dcnt, cnt32.data(), E * 4, cudaMemcpyHostToDevice));
   if (!blk.empty()) CK(cudaMemcpy(dblk, blk.data(), blk.size() * 4, cudaMemcpyHostToDevice));
-  const int32_t meta = static_cast<int32_t>(rows);
-  CK(cudaMemcpy(dmeta, &meta, 4, cudaMemcpyHostToDevice));
+  const int32_t nrows = static_cast<int32_t>(rows);
+  CK(cudaMemcpy(dmeta, &nrows, 4, cudaMemcpyHostToDevice));
+  // the layer's GEMM2 metadata (contiguous only): row p of expert e's chunk holds pair id
+  // perm[j] (a shuffled order of the useful rows) or the sentinel `useful` in the padding
+  int32_t* dsorted = nullptr;
+  float* dweight = nullptr;
+  if (meta && !masked) {
+    std::vector<int32_t> perm(useful), sorted;
+    for (int64_t j = 0; j < useful; ++j) perm[j] = static_cast<int32_t>(j);
+    std::shuffle(perm.begin(), perm.end(), std::mt19937(7));
+    int64_t j = 0;
+    for (int64_t e = 0; e < E; ++e) {
+      const int64_t pad = (counts[e] + tm - 1) / tm * tm;
+      for (int64_t r = 0; r < pad; ++r)
+        sorted.push_back(r < counts[e] ? perm[j++] : static_cast<int32_t>(useful));
+    }
+    dsorted = static_cast<int32_t*>(dalloc(sorted.size() * 4));
+    CK(cudaMemcpy(dsorted, sorted.data(), sorted.size() * 4, cudaMemcpyHostToDevice));
+    dweight = static_cast<float*>(dalloc(useful * 4));
+    f32s(dweight, useful, 0.1f, st);
+  }
   cuda::GroupedGemmParams p;
   p.tile_m = tm;
   p.tile_n = tn;
@@ -277,6 +300,9 @@ GemmResult bench_gemm(cudaStream_t st, bool masked, int64_t E, int64_t N, int64_
   p.b_scale_n_stride = K / 128;
   p.out = out;
   p.out_stride = N;
+  p.sorted_ids = dsorted;
+  p.num_valid = static_cast<int32_t>(useful);
+  p.row_weight = dweight;
   const int64_t max_mblk = masked ? E * ((max_m + tm - 1) / tm) : rows / tm;
   const float ms = time_graph(
       st, [&] { cuda::launch_grouped_gemm(p, a, w, E * N, max_mblk, st); }, reps);
@@ -286,6 +312,8 @@ GemmResult bench_gemm(cudaStream_t st, bool masked, int64_t E, int64_t N, int64_
   r.wtbs = double(active) * N * K / (ms * 1e-3) / 1e12;
   for (void* q : {(void*)a, (void*)as, (void*)out, (void*)dblk, (void*)dmeta, (void*)dcnt})
     CK(cudaFree(q));
+  if (dsorted) CK(cudaFree(dsorted));
+  if (dweight) CK(cudaFree(dweight));
   return r;
 }
 
@@ -360,6 +388,8 @@ int main(int argc, char** argv) {
       ceilings = false;
     } else if (a == "--mcast" && i + 1 < argc) {
       g_mcast = std::atoi(argv[++i]);
+    } else if (a == "--gemm2-meta" && i + 1 < argc) {
+      g_gemm2_meta = std::atoi(argv[++i]);
     } else if (a == "--no-layer") {
       layer = false;
     } else {
@@ -368,7 +398,7 @@ int main(int argc, char** argv) {
           "usage: %s [--csv FILE] [--shape NAME,...] [--rpe 16,64,...] [--tile-n 128,256]\n"
           "       [--layouts contig,masked,uneven,contig_s,masked_s,uneven_s] [--gemm "
           "gemm1,gemm2]\n"
-          "       [--no-layer] [--no-ceilings] [--mcast 0|1] [--group-m 8,16]\n"
+          "       [--no-layer] [--no-ceilings] [--mcast 0|1] [--group-m 8,16] [--gemm2-meta 0|1]\n"
           "--tile-n: output tile widths of the 128-row kernel to time (each in the same run;\n"
           "256 falls back to 128 where N %% 256 != 0); --no-ceilings: skip the HBM and cuBLASLt\n"
           "ceilings (for profilers; percentages then read against 1)\n",
@@ -456,7 +486,8 @@ int main(int argc, char** argv) {
               if (tn) lay += "_n" + std::to_string(tn);
               if (gmb) lay += "_g" + std::to_string(gmb);
               const GemmResult r =
-                  bench_gemm(st, masked, E, g.N, g.K, c, g.w, g.sc, reps, tmu, tn, gmb);
+                  bench_gemm(st, masked, E, g.N, g.K, c, g.w, g.sc, reps, tmu, tn, gmb,
+                             g_gemm2_meta && std::strcmp(g.name, "gemm2") == 0);
               std::printf("%-22s %-5s %-12s %5d %10.1f %9.1f %6.1f%% %8.3f %6.1f%%\n", s.name,
                           g.name, lay.c_str(), rpe, r.us, r.tflops, 100.0 * r.tflops / pt, r.wtbs,
                           100.0 * r.wtbs / bw);

@@ -19,6 +19,7 @@
 #   ("" = the defaults; VARS are NAME=VALUE words put in the benchmark's environment), same
 #   alternating order, same ab.log / ab_summary.txt (AB_BENCH=grouped as above).
 # Environment as for gpu_session.sh (FP8MOE_DEPS_PREFIX, FP8MOE_CUTLASS_INCLUDE); output in $OUT.
+# Each invocation starts ab.log afresh: keep a copy (e.g. tee the summary) before the next one.
 # (Run 14's call 5 ran these commands inline.)
 set -uo pipefail
 cd "$(dirname "$0")/.." || exit 1
@@ -54,7 +55,10 @@ case "${1:-}" in
     fi
     OUT=${OUT:-$ROOT/gpu_out}
     mkdir -p "$OUT"
+    # one comparison per log: ab_summary.py pools every round of the file it reads (run 9's call
+    # 2 appended three comparisons to one log and the later summaries mixed their rounds)
     X=$OUT/ab.log
+    : >"$X"
     if [ "$mode" = --run-env ]; then
       [ -x build-gpu/bench/$target ] || { echo "no build-gpu/bench/$target (gpu_session.sh first)" | tee -a "$X"; exit 2; }
       echo "base: env $env_base; new: env $env_new" | tee -a "$X"

@@ -248,19 +248,27 @@ TEST_P(CudaGroupedGemm, ContiguousExactBitwise) {
         const std::vector<float> as = random_scales(capacity, K, rng);
         std::vector<float> rw(num_valid);
         for (auto& w : rw) w = (rng() % 3 == 0) ? 0.5f : (rng() % 2 ? 1.0f : 0.25f);
-        const Tensor dsorted = to_device(sorted, DType::kI32), dblk = to_device(blk, DType::kI32);
+        // with three CTAs the sorted ids start 4 bytes into their buffer (no kernel may assume
+        // 16-byte aligned ids)
+        std::vector<int32_t> sorted_buf(sorted);
+        if (ctas) sorted_buf.insert(sorted_buf.begin(), -7);
+        const Tensor dsorted = to_device(sorted_buf, DType::kI32),
+                     dblk = to_device(blk, DType::kI32);
         const Tensor dmeta =
             to_device(std::vector<int32_t>{static_cast<int32_t>(rows), 0, 0, 0}, DType::kI32);
         const Tensor drw = to_device(rw, DType::kF32);
         cuda::GroupedGemmParams p;
         set_tile(p, tile);
         p.max_ctas = ctas;
+        // three CTAs also take a scheduling group of 3 m-blocks (groups and a partial last group
+        // in the tile order; the default group of 8 holds every m-block of this problem)
+        p.group_m = ctas ? 3 : 0;
         p.N = N;
         expect_tile_n(p, tile);
         p.a_rows = capacity;
         p.expert_blk = static_cast<const int32_t*>(dblk.data());
         p.num_rows_ptr = static_cast<const int32_t*>(dmeta.data());
-        p.sorted_ids = static_cast<const int32_t*>(dsorted.data());
+        p.sorted_ids = static_cast<const int32_t*>(dsorted.data()) + (ctas ? 1 : 0);
         p.num_valid = num_valid;
         p.out_stride = N;
         p.out_scatter = scatter;
@@ -1041,6 +1049,7 @@ TEST(CudaGroupedSelection, RegistryLimitsAndShapeRule) {
   gp.N = 512;
   gp.K = 7168;
   gp.out_stride = 512;
+  gp.pingpong = 0;  // the 128 x 256 kernel's rule, whatever FP8MOE_GROUPED_PP says
   gp.epi_async = 1;
   EXPECT_TRUE(cuda::grouped_epi_async(gp));
   gp.epi_async = 0;
@@ -1148,6 +1157,9 @@ TEST(CudaGrouped, LimitsAreClearErrors) {
   gp.K = 256;
   gp.N = 200;
   EXPECT_THROW(cuda::launch_grouped_gemm(gp, nullptr, nullptr, 200, 1, nullptr), ValueError);
+  gp.N = 256;
+  gp.group_m = -1;  // the scheduling group
+  EXPECT_THROW(cuda::launch_grouped_gemm(gp, nullptr, nullptr, 256, 1, nullptr), ValueError);
 }
 
 }  // namespace

@@ -168,6 +168,23 @@ void launch_swap(const GroupedGemmParams& p, const uint8_t* a, const uint8_t* b,
 void launch_grouped_gemm(const GroupedGemmParams& p, const uint8_t* a, const uint8_t* b,
                          int64_t b_rows, int64_t max_m_blocks, cudaStream_t stream) {
   if (max_m_blocks <= 0 || p.N <= 0 || p.K <= 0 || p.a_rows <= 0) return;
+  // FP8MOE_GROUPED_GROUP_M: the scheduling group of p.group_m = 0 (for measurement in the layer)
+  static const int env_group_m = [] {
+    const char* v = std::getenv("FP8MOE_GROUPED_GROUP_M");
+    if (!v || !*v) return 0;
+    char* end = nullptr;
+    const long g = std::strtol(v, &end, 10);
+    if (*end != '\0' || g < 1 || g > 1024)
+      throw ValueError(std::string("FP8MOE_GROUPED_GROUP_M='") + v +
+                       "' is not an integer in [1, 1024]");
+    return static_cast<int>(g);
+  }();
+  if (p.group_m < 0) throw ValueError("grouped GEMM: group_m must be >= 0");
+  if (p.group_m == 0 && env_group_m > 0) {
+    GroupedGemmParams q = p;
+    q.group_m = env_group_m;
+    return launch_grouped_gemm(q, a, b, b_rows, max_m_blocks, stream);
+  }
   if (p.K % kGBK != 0 || p.N % kGBN != 0)
     throw ValueError("grouped GEMM: K (" + std::to_string(p.K) + ") and N (" + std::to_string(p.N) +
                      ") must be multiples of 128");
