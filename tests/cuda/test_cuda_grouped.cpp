@@ -129,11 +129,6 @@ GemmRun run_gemm(cuda::GroupedGemmParams p, const HostGemm& g, const std::vector
   if (p.epi_async >= 0 && p.tile_m == 128 && cuda::grouped_tile_n(p) == 256) {
     EXPECT_EQ(cuda::grouped_epi_async(p), p.epi_async == 1) << "the epilogue asked for";
   }
-  if (p.pingpong == 1) {
-    EXPECT_EQ(cuda::grouped_pingpong(p),
-              p.tile_m == 128 && !p.masked && cuda::grouped_tile_n(p) == 256)
-        << "the ping-pong kernel where it runs";
-  }
   cuda::launch_grouped_gemm(p, static_cast<const uint8_t*>(da.data()),
                             static_cast<const uint8_t*>(db.data()), int64_t(g.E) * g.N, max_mblk,
                             nullptr);
@@ -164,14 +159,11 @@ constexpr uint16_t kPoisonBf16 = 0x7FC0;
 // operands) and, for the 128-row kernel, the output tile width (128 or 256; 256 falls back to 128
 // when N % 256 != 0, which the N = 384 cases check); epi 1 / 0 = the 256 tile's asynchronous /
 // sync epilogue (-1 = the library's choice, which is async at these short K); mc 1 = two-CTA
-// clusters multicasting A where the tile width's n-blocks pair up (GroupedGemmParams::mcast); pp 1
-// = the ping-pong 64 x 256 kernel where it runs (contiguous, N % 256 == 0; GroupedGemmParams::
-// pingpong), the 128 x 256 tile elsewhere.
+// clusters multicasting A where the tile width's n-blocks pair up (GroupedGemmParams::mcast).
 struct GemmTile {
   int tm, tn;
   int epi = -1;
   int mc = 0;
-  int pp = 0;
 };
 
 std::string tile_name(const GemmTile& t) {
@@ -179,7 +171,7 @@ std::string tile_name(const GemmTile& t) {
          (t.epi == 1   ? "_async"
           : t.epi == 0 ? "_sync"
                        : "") +
-         (t.mc ? "_mc" : "") + (t.pp ? "_pp" : "");
+         (t.mc ? "_mc" : "");
 }
 
 void set_tile(cuda::GroupedGemmParams& p, const GemmTile& t) {
@@ -187,7 +179,6 @@ void set_tile(cuda::GroupedGemmParams& p, const GemmTile& t) {
   p.tile_n = t.tn;
   p.epi_async = t.epi;
   p.mcast = t.mc;
-  p.pingpong = t.pp;
 }
 
 void expect_tile_n(const cuda::GroupedGemmParams& p, const GemmTile& t) {
@@ -354,8 +345,7 @@ INSTANTIATE_TEST_SUITE_P(TileM, CudaGroupedGemm,
                          ::testing::Values(GemmTile{128, 128}, GemmTile{128, 128, -1, 1},
                                            GemmTile{128, 256, 0}, GemmTile{128, 256, 1},
                                            GemmTile{128, 256, 0, 1}, GemmTile{128, 256, 1, 1},
-                                           GemmTile{128, 256, 0, 0, 1}, GemmTile{16, 0},
-                                           GemmTile{32, 0}, GemmTile{64, 0}),
+                                           GemmTile{16, 0}, GemmTile{32, 0}, GemmTile{64, 0}),
                          [](const auto& info) { return tile_name(info.param); });
 
 // Long and short K: the swapped kernels copy the tile's scales to shared memory in chunks of 64 K
@@ -382,8 +372,7 @@ TEST(CudaGroupedGemmLongK, MoreThan128KBlocksExactBitwise) {
                 g.b_scale[size_t(e) * (N / 128) * (K / 128)];
       for (const GemmTile tile :
            {GemmTile{128, 256, 0}, GemmTile{128, 256, 1}, GemmTile{128, 256, 0, 1},
-            GemmTile{128, 256, 1, 1}, GemmTile{128, 256, 0, 0, 1}, GemmTile{16, 0}, GemmTile{32, 0},
-            GemmTile{64, 0}}) {
+            GemmTile{128, 256, 1, 1}, GemmTile{16, 0}, GemmTile{32, 0}, GemmTile{64, 0}}) {
         const int tm = tile.tm;
         int num_valid = counts[0] + counts[1];
         std::vector<int32_t> perm(num_valid);
@@ -1049,7 +1038,6 @@ TEST(CudaGroupedSelection, RegistryLimitsAndShapeRule) {
   gp.N = 512;
   gp.K = 7168;
   gp.out_stride = 512;
-  gp.pingpong = 0;  // the 128 x 256 kernel's rule, whatever FP8MOE_GROUPED_PP says
   gp.epi_async = 1;
   EXPECT_TRUE(cuda::grouped_epi_async(gp));
   gp.epi_async = 0;
@@ -1078,42 +1066,6 @@ TEST(CudaGroupedSelection, RegistryLimitsAndShapeRule) {
   gp.fuse_act = 0;
   gp.epi_async = 2;
   EXPECT_THROW(cuda::grouped_epi_async(gp), ValueError);
-  // the ping-pong 64 x 256 kernel: asked for (1), or for K <= 256 only (2); the contiguous layout's
-  // 256 tile only, and then the asynchronous epilogue is off (it has its own)
-  gp.epi_async = 1;
-  gp.N = 512;
-  gp.K = 7168;
-  gp.pingpong = 0;
-  EXPECT_FALSE(cuda::grouped_pingpong(gp));
-  gp.pingpong = 1;
-  EXPECT_TRUE(cuda::grouped_pingpong(gp));
-  EXPECT_FALSE(cuda::grouped_epi_async(gp));
-  gp.pingpong = 2;
-  EXPECT_FALSE(cuda::grouped_pingpong(gp));  // long K
-  EXPECT_TRUE(cuda::grouped_epi_async(gp));
-  gp.K = 256;
-  EXPECT_TRUE(cuda::grouped_pingpong(gp));
-  gp.K = 384;
-  EXPECT_FALSE(cuda::grouped_pingpong(gp));
-  gp.K = 256;
-  gp.masked = 1;
-  EXPECT_FALSE(cuda::grouped_pingpong(gp));
-  gp.masked = 0;
-  gp.N = 384;  // the 128 tile
-  EXPECT_FALSE(cuda::grouped_pingpong(gp));
-  gp.N = 512;
-  gp.tile_m = 32;  // swapped kernel
-  EXPECT_FALSE(cuda::grouped_pingpong(gp));
-  gp.tile_m = 128;
-  gp.fuse_act = 1;
-  EXPECT_FALSE(cuda::grouped_pingpong(gp));
-  gp.fuse_act = 0;
-  gp.mcast = 1;  // clusters (N = 512: two 256-wide n-blocks pair up)
-  EXPECT_FALSE(cuda::grouped_pingpong(gp));
-  gp.mcast = -1;
-  gp.pingpong = 3;
-  EXPECT_THROW(cuda::grouped_pingpong(gp), ValueError);
-  gp.pingpong = -1;
   gp.epi_async = -1;
   // supports_config: B128 FP8 only
   const ExpertsImpl& g = cuda::grouped_impl();

@@ -93,27 +93,6 @@ int grouped_cluster_ctas(const GroupedGemmParams& p) {
   return (p.N / grouped_tile_n(p)) % 2 == 0 ? 2 : 1;  // the n-blocks pair up
 }
 
-bool grouped_pingpong(const GroupedGemmParams& p) {
-  static const int env = [] {
-    const char* v = std::getenv("FP8MOE_GROUPED_PP");
-    if (!v || !*v) return -1;
-    const std::string s(v);
-    if (s == "0") return 0;
-    if (s == "1") return 1;
-    if (s == "short") return 2;
-    throw ValueError("FP8MOE_GROUPED_PP='" + s + "' is not 0, 1 or short");
-  }();
-  if (p.pingpong < -1 || p.pingpong > 2)
-    throw ValueError("grouped GEMM: pingpong must be -1, 0, 1 or 2");
-  const int want = p.pingpong >= 0 ? p.pingpong : env;
-  // 2: only where a tile has at most two K blocks (run 8, GEMM-only, one round: DeepSeek TP8's
-  // GEMM2 with K = 256 0.928 / 0.907 of the async 128 x 256 tile at 256 / 2048 rows per expert; K
-  // = 384 1.013 / 1.067, K = 1024 1.066 / 1.085, every GEMM1 10-21% slower)
-  if (want != 1 && !(want == 2 && p.K <= 2 * kGBK)) return false;
-  return p.tile_m == 128 && !p.fuse_act && !p.masked && grouped_tile_n(p) == kG2BN &&
-         grouped_cluster_ctas(p) == 1;
-}
-
 bool grouped_epi_async(const GroupedGemmParams& p) {
   static const int env = [] {
     const char* v = std::getenv("FP8MOE_GROUPED_EPI");
@@ -126,7 +105,6 @@ bool grouped_epi_async(const GroupedGemmParams& p) {
   if (p.epi_async < -1 || p.epi_async > 1)
     throw ValueError("grouped GEMM: epi_async must be -1, 0 or 1");
   if (p.tile_m != 128 || p.fuse_act || grouped_tile_n(p) != kG2BN) return false;
-  if (grouped_pingpong(p)) return false;  // its own (sync) epilogue
   if ((reinterpret_cast<uintptr_t>(p.out) & 15) != 0 || p.out_stride % 8 != 0) return false;
   int want = p.epi_async >= 0 ? p.epi_async : env;
   // The rule: async for short K only (<= 4 K blocks: the GEMM2 of the TP-sharded shapes), where
@@ -221,8 +199,6 @@ void launch_grouped_gemm(const GroupedGemmParams& p, const uint8_t* a, const uin
     FP8MOE_CUDA_CHECK(cudaFuncSetAttribute(grouped_gemm_n256_kernel<0, 1, 2>,
                                            cudaFuncAttributeMaxDynamicSharedMemorySize,
                                            kG2aSmemBytes));
-    FP8MOE_CUDA_CHECK(cudaFuncSetAttribute(
-        grouped_gemm_n256_pp_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kPpSmemBytes));
   });
   if (p.fuse_act && (p.N % kG2BN != 0 || p.out_scatter || p.row_weight || !p.q_out || !p.q_scale))
     throw ValueError(
@@ -232,13 +208,6 @@ void launch_grouped_gemm(const GroupedGemmParams& p, const uint8_t* a, const uin
   if (p.fuse_act || grouped_tile_n(p) == kG2BN) {  // 128 x 256 tiles (two 128-row B halves)
     const CUtensorMap tm_b = make_tma_2d_u8(b, p.K, b_rows, kGBK, kGBN);  // one 128-row half
     const int64_t tiles = max_m_blocks * (p.N / kG2BN);
-    if (grouped_pingpong(p)) {  // 64 x 256 tiles, one warpgroup each (opt-in)
-      const CUtensorMap tm_a64 = make_tma_2d_u8(a, p.K, p.a_rows, kGBK, 64);
-      const unsigned grid = static_cast<unsigned>(grid_ctas(p, 2 * tiles));
-      grouped_gemm_n256_pp_kernel<<<grid, kGThreads, kPpSmemBytes, stream>>>(p, tm_a64, tm_b);
-      FP8MOE_CUDA_CHECK_LAUNCH();
-      return;
-    }
     const CUtensorMap tm_a = make_tma_2d_u8(a, p.K, p.a_rows, kGBK, kGBM / mc);
     if (mc == 2) {  // opt-in two-CTA clusters sharing A (FP8MOE_GROUPED_MCAST=1 / p.mcast = 1)
       const bool async = grouped_epi_async(p);

@@ -603,11 +603,11 @@ __device__ __forceinline__ void gg_fused_act_quant_epilogue(const GroupedGemmPar
   }
 }
 
-// One 128-wide K block of a warpgroup's 64 x 256 output (the 128 x 256 tile's half, or the
-// ping-pong tile): 4 x wgmma m64n128k32 for B half 0 into the fresh partial, promoted into
-// acc[0..63] with scale sa * sb0, then the same for half 1 into acc[64..127] with sb1; the next K
-// block's scales are loaded under half 0's wgmma. after_issue() runs right after half 0 is issued,
-// release() once both halves' wgmma have read the stage.
+// One 128-wide K block of a warpgroup's 64 x 256 output (the 128 x 256 tile's half): 4 x wgmma
+// m64n128k32 for B half 0 into the fresh partial, promoted into acc[0..63] with scale sa * sb0,
+// then the same for half 1 into acc[64..127] with sb1; the next K block's scales are loaded under
+// half 0's wgmma. after_issue() runs right after half 0 is issued, release() once both halves'
+// wgmma have read the stage.
 template <class AfterIssue, class Release>
 __device__ __forceinline__ void gg_kblock_64x256(const GroupedGemmParams& p, float (&acc)[128],
                                                  float (&part)[64], uint64_t da, uint64_t db0,
@@ -884,172 +884,6 @@ __global__ void __launch_bounds__(kGThreads, 1)
     if (wtid < 64) bulk_wait0();  // the last tile's copies, before the CTA's shared memory goes
   }
   if constexpr (kMc > 1) gg_cluster_sync();  // no multicast or remote arrive into a finished CTA
-}
-
-// ---- 64 x 256 ping-pong tiles (opt-in: GroupedGemmParams::pingpong, FP8MOE_GROUPED_PP=1) -------
-// The 128 x 256 tile's operations on half an m-block: each consumer warpgroup owns whole 64 x 256
-// tiles (t = 2 u + h: half h of the grouped order's tile u), from its own ring (2 stages of the 64
-// A rows + the two 128-row B halves, 40 KB each) fed by its own producer thread, as the swapped
-// kernels do. One warpgroup's per-tile work (scales, row metadata, the sync epilogue) then runs
-// while the other's K blocks keep the tensor cores busy: aimed at the short-K GEMM2 (2 K blocks per
-// tile), where run 7 found the epilogue's instructions at 34% of the samples with no wgmma in
-// flight. Costs: B moves from L2 once per 64 rows instead of 128. Contiguous layout only. Same
-// promotion order and epilogue rounding as grouped_gemm_n256_kernel: bitwise the same output.
-constexpr int kPpStages = 2;
-constexpr int kPpAStage = 64 * kGBK;                     // 8 KB
-constexpr int kPpStageBytes = kPpAStage + 2 * kGBStage;  // 40 KB
-constexpr int kPpEpiBytes = 2 * 64 * kG2EpiPitch * 2;    // the sync epilogue's staging
-constexpr int kPpSmemBytes =
-    1024 + 2 * kPpStages * kPpStageBytes + kPpEpiBytes + 4 * kPpStages * 8 + 64;
-static_assert(kPpSmemBytes + 2 * 64 * 8 <= 227 * 1024, "ping-pong tile: shared memory");
-
-__global__ void __launch_bounds__(kGThreads, 1)
-    grouped_gemm_n256_pp_kernel(const __grid_constant__ GroupedGemmParams p,
-                                const __grid_constant__ CUtensorMap tm_a,
-                                const __grid_constant__ CUtensorMap tm_b) {
-  constexpr int kS = kPpStages;
-  extern __shared__ uint8_t gg_smem_raw[];
-  // the first 1024-byte boundary by indexing (not an integer cast): derived pointers stay shared
-  uint8_t* smem = gg_smem_raw + ((1024u - (smem_u32(gg_smem_raw) & 1023u)) & 1023u);
-  uint16_t* epi = reinterpret_cast<uint16_t*>(smem + 2 * kS * kPpStageBytes);
-  uint64_t* full = reinterpret_cast<uint64_t*>(smem + 2 * kS * kPpStageBytes + kPpEpiBytes);
-  uint64_t* empty = full + 2 * kS;  // [2 rings][kS]
-  __shared__ int s_dst[2][64];
-  __shared__ float s_w[2][64];
-
-  const int tid = threadIdx.x;
-  const int wg = tid / 128, wtid = tid % 128;
-  const int warp = wtid / 32, lane = tid % 32;
-  if (tid == 0) {
-    for (int i = 0; i < 2 * kS; ++i) {
-      mbar_init(&full[i], 1);
-      mbar_init(&empty[i], 4);  // one arrive per warp of the ring's consumer warpgroup
-    }
-    fence_barrier_init();
-  }
-  __syncthreads();
-  const int total_m = *p.num_rows_ptr / kGBM;
-  const int n_tiles_n = p.N / kG2BN;
-  const int n_tiles = 2 * total_m * n_tiles_n;  // two 64-row halves per 128 x 256 tile
-  const int num_kb = p.K / kGBK;
-  // pipeline w (producer thread w, ring w, consumer warpgroup w) takes the CTA's tiles
-  // blockIdx.x + w * gridDim.x, stepping by 2 * gridDim.x
-  const int grid = static_cast<int>(gridDim.x);
-
-  if (wg == 0) {
-    // =============================== producers ==============================================
-    gg_setmaxnreg_dec<40>();
-    if (warp < 2 && lane == 0) {
-      const int w = warp;
-      if (w == 0) {
-        tma_prefetch_desc(&tm_a);
-        tma_prefetch_desc(&tm_b);
-      }
-      uint64_t* rfull = full + w * kS;
-      uint64_t* rempty = empty + w * kS;
-      uint8_t* ring = smem + w * kS * kPpStageBytes;
-      int it = 0;
-      for (int t = static_cast<int>(blockIdx.x) + w * grid; t < n_tiles; t += 2 * grid) {
-        const GTile g = gg_tile(p, nullptr, total_m, n_tiles_n, t >> 1);
-        const int row0 = g.row0 + 64 * (t & 1);
-        const int brow0 = g.e * p.N + g.nt * kG2BN, brow1 = brow0 + kGBN;
-        for (int kb = 0; kb < num_kb; ++kb, ++it) {
-          const int s = it % kS;
-          const uint32_t ph = (it / kS) & 1;
-          mbar_wait(&rempty[s], ph ^ 1);
-          uint8_t* dst = ring + s * kPpStageBytes;
-          mbar_arrive_expect_tx(&rfull[s], kPpStageBytes);
-          tma_load_2d(dst, &tm_a, &rfull[s], kb * kGBK, row0);
-          tma_load_2d(dst + kPpAStage, &tm_b, &rfull[s], kb * kGBK, brow0);
-          tma_load_2d(dst + kPpAStage + kGBStage, &tm_b, &rfull[s], kb * kGBK, brow1);
-        }
-      }
-    }
-    return;
-  }
-
-  // ================================= consumers ==============================================
-  gg_setmaxnreg_inc<232>();
-  const int cw = wg - 1;
-  const int lr = warp * 16 + (lane >> 2);  // this thread's rows lr, lr + 8 of the 64-row tile
-  const int q = lane & 3;
-  const int bar_id = 1 + cw;
-  uint64_t* rfull = full + cw * kS;
-  uint64_t* rempty = empty + cw * kS;
-  const uint8_t* ring = smem + cw * kS * kPpStageBytes;
-  uint16_t* stage = epi + cw * (64 * kG2EpiPitch);
-  int it = 0;
-  for (int t = static_cast<int>(blockIdx.x) + cw * grid; t < n_tiles; t += 2 * grid) {
-    const GTile g = gg_tile(p, nullptr, total_m, n_tiles_n, t >> 1);
-    const int h = t & 1;  // rows [64 h, 64 h + 64) of the 128-row tile
-    const int64_t ar0 = int64_t(g.row0) + 64 * h + lr, ar1 = ar0 + 8;
-    const float* as0 = ar0 < p.a_rows ? p.a_scale + ar0 * p.a_scale_stride : nullptr;
-    const float* as1 = ar1 < p.a_rows ? p.a_scale + ar1 * p.a_scale_stride : nullptr;
-    const float* bs0 =
-        p.b_scale + int64_t(g.e) * p.b_scale_e_stride + int64_t(2 * g.nt) * p.b_scale_n_stride;
-    const float* bs1 = bs0 + p.b_scale_n_stride;
-    float acc[128], part[64];
-#pragma unroll
-    for (int i = 0; i < 128; ++i) acc[i] = 0.0f;
-    // thread wtid < 64 fetches tile row 64 h + wtid's metadata under the K loop (the sorted id at
-    // the tile's start, its destination and row weight after block 0's wgmma), as the async 128 x
-    // 256 kernel does: with both loads at the epilogue's start (the first version), the layer's
-    // GEMM2 (sorted ids, router weights) waited two L2 round trips per 64 x 256 tile and ran 5%
-    // slower than the default where GEMM-only (no metadata) had it 7-9% faster (grouped run 9).
-    int row_id = 0, row_dst = -1;
-    float row_w = 1.0f;
-    if (wtid < 64) row_id = gg_row_id(p, g, 64 * h + wtid);
-    float sa0 = as0 ? __ldg(as0) : 0.0f, sa1 = as1 ? __ldg(as1) : 0.0f;
-    float sb0 = __ldg(bs0), sb1 = __ldg(bs1);
-    for (int kb = 0; kb < num_kb; ++kb, ++it) {
-      const int s = it % kS;
-      const uint32_t ph = (it / kS) & 1;
-      mbar_wait(&rfull[s], ph);
-      const uint8_t* a_s = ring + s * kPpStageBytes;
-      const uint8_t* b_s = a_s + kPpAStage;
-      const uint64_t da = gg_desc(a_s), db0 = gg_desc(b_s), db1 = gg_desc(b_s + kGBStage);
-      gg_kblock_64x256(
-          p, acc, part, da, db0, db1, kb, num_kb, as0, as1, bs0, bs1, sa0, sa1, sb0, sb1,
-          [&] {
-            if (kb == 0 && wtid < 64) gg_row_finish(p, g, 64 * h + wtid, row_id, row_dst, row_w);
-          },
-          [&] {
-            if (lane == 0) mbar_arrive(&rempty[s]);
-          });
-    }
-
-    // ---- epilogue: four 64-column quarters through the warpgroup's staging buffer ----
-    gg_bar(bar_id, 128);  // the previous tile's readers of stage / s_dst are done
-    if (wtid < 64) {
-      s_dst[cw][wtid] = row_dst;
-      s_w[cw][wtid] = row_w;
-    }
-    gg_bar(bar_id, 128);
-    const float w_lo = s_w[cw][lr], w_hi = s_w[cw][lr + 8];
-    const int n0 = g.nt * kG2BN;
-#pragma unroll
-    for (int qt = 0; qt < 4; ++qt) {
-      if (qt > 0) gg_bar(bar_id, 128);  // the previous quarter's readers are done
-#pragma unroll
-      for (int jj = 0; jj < 8; ++jj) {
-        const int j = 8 * qt + jj;  // acc[4 j ..] holds columns 8 j + 2 q, + 1 (rows lr, lr + 8)
-        const int col = 8 * j + 2 * q;
-        gg_epi_pair(p, g.e, n0, col, acc + 4 * j, w_lo, w_hi, col - qt * kG2EpiCols,
-                    stage + lr * kG2EpiPitch, stage + (lr + 8) * kG2EpiPitch);
-      }
-      gg_bar(bar_id, 128);
-      // 64 rows x 128 bytes: 8 lanes per row
-#pragma unroll
-      for (int i = wtid; i < 64 * 8; i += 128) {
-        const int r = i >> 3, c = i & 7;
-        const int dst = s_dst[cw][r];
-        if (dst < 0) continue;
-        *reinterpret_cast<uint4*>(p.out + int64_t(dst) * p.out_stride + n0 + qt * kG2EpiCols +
-                                  c * 8) =
-            *reinterpret_cast<const uint4*>(stage + r * kG2EpiPitch + c * 8);
-      }
-    }
-  }
 }
 
 // ---- small rows per expert: swapped operands -------------------------------------------------

@@ -94,11 +94,8 @@ struct GroupedGemmParams {
   // force it. Not with fuse_act; needs a 16-byte aligned out and out_stride % 8 == 0 (else sync).
   // (Last member: the kernels that do not read it keep their parameter offsets.)
   int32_t epi_async = -1;
-  // 128 x 256 tile of the contiguous layout only: ping-pong warpgroups (each its own 64 x 256 tiles
-  // and ring; grouped_gemm_n256_pp_kernel, sync epilogue). -1 = FP8MOE_GROUPED_PP (0, 1 or short)
-  // when set, else off; 0 / 1 force it; 2 (short) = only where K <= 256. grouped_pingpong says
-  // where it runs. Opt-in until measured in the layer (PERFORMANCE.md, grouped run 8).
-  int32_t pingpong = -1;
+  // (A ping-pong 64 x 256 kernel, each consumer warpgroup on its own tiles, ran 7% faster GEMM-only
+  // on K = 256 but no faster in the layer: removed after grouped run 9; commit 8230222 has it.)
 };
 
 // Most experts the masked scheduler handles (its prefix table lives in shared memory).
@@ -124,10 +121,6 @@ int grouped_cluster_occupancy(int tile_n);
 // n-blocks) when asked for (p.mcast = 1, or -1 with FP8MOE_GROUPED_MCAST=1), the n-blocks of the
 // tile width pair up and the fused activation is off; else 1.
 int grouped_cluster_ctas(const GroupedGemmParams& p);
-
-// Whether p runs the ping-pong 64 x 256 kernel (GroupedGemmParams::pingpong): asked for, the 128 x
-// 256 tile, the contiguous layout, no fused activation, no clusters.
-bool grouped_pingpong(const GroupedGemmParams& p);
 
 // The output tile width the 128-row kernel runs p with (128 or 256; see GroupedGemmParams::tile_n).
 int grouped_tile_n(const GroupedGemmParams& p);
