@@ -159,14 +159,11 @@ constexpr uint16_t kPoisonBf16 = 0x7FC0;
 // operands) and, for the 128-row kernel, the output tile width (128 or 256; 256 falls back to 128
 // when N % 256 != 0, which the N = 384 cases check); epi 1 / 0 = the 256 tile's asynchronous /
 // sync epilogue (-1 = the library's choice, which is async at these short K); mc 1 = two-CTA
-// clusters multicasting A where the tile width's n-blocks pair up (GroupedGemmParams::mcast);
-// half 0 = no half tiles (GroupedGemmParams::half_tiles; -1 = the default, on for the 256 tile:
-// the problems below have m-blocks with 1-64 rows, which then run as half tiles).
+// clusters multicasting A where the tile width's n-blocks pair up (GroupedGemmParams::mcast).
 struct GemmTile {
   int tm, tn;
   int epi = -1;
   int mc = 0;
-  int half = -1;
 };
 
 std::string tile_name(const GemmTile& t) {
@@ -174,7 +171,7 @@ std::string tile_name(const GemmTile& t) {
          (t.epi == 1   ? "_async"
           : t.epi == 0 ? "_sync"
                        : "") +
-         (t.mc ? "_mc" : "") + (t.half == 0 ? "_nohalf" : "");
+         (t.mc ? "_mc" : "");
 }
 
 void set_tile(cuda::GroupedGemmParams& p, const GemmTile& t) {
@@ -182,7 +179,6 @@ void set_tile(cuda::GroupedGemmParams& p, const GemmTile& t) {
   p.tile_n = t.tn;
   p.epi_async = t.epi;
   p.mcast = t.mc;
-  p.half_tiles = t.half;
 }
 
 void expect_tile_n(const cuda::GroupedGemmParams& p, const GemmTile& t) {
@@ -195,10 +191,6 @@ void expect_tile_n(const cuda::GroupedGemmParams& p, const GemmTile& t) {
   }
   if (t.epi == 0) {
     EXPECT_FALSE(cuda::grouped_epi_async(p));
-  }
-  if (t.half >= 0 || std::getenv("FP8MOE_GROUPED_HALF") == nullptr) {
-    const bool clusters = t.mc && (p.N / tn) % 2 == 0;
-    EXPECT_EQ(cuda::grouped_half_tiles(p), t.half != 0 && tn == 256 && !clusters) << "N " << p.N;
   }
 }
 
@@ -353,7 +345,6 @@ INSTANTIATE_TEST_SUITE_P(TileM, CudaGroupedGemm,
                          ::testing::Values(GemmTile{128, 128}, GemmTile{128, 128, -1, 1},
                                            GemmTile{128, 256, 0}, GemmTile{128, 256, 1},
                                            GemmTile{128, 256, 0, 1}, GemmTile{128, 256, 1, 1},
-                                           GemmTile{128, 256, 0, 0, 0}, GemmTile{128, 256, 1, 0, 0},
                                            GemmTile{16, 0}, GemmTile{32, 0}, GemmTile{64, 0}),
                          [](const auto& info) { return tile_name(info.param); });
 
@@ -381,8 +372,7 @@ TEST(CudaGroupedGemmLongK, MoreThan128KBlocksExactBitwise) {
                 g.b_scale[size_t(e) * (N / 128) * (K / 128)];
       for (const GemmTile tile :
            {GemmTile{128, 256, 0}, GemmTile{128, 256, 1}, GemmTile{128, 256, 0, 1},
-            GemmTile{128, 256, 1, 1}, GemmTile{128, 256, 0, 0, 0}, GemmTile{16, 0}, GemmTile{32, 0},
-            GemmTile{64, 0}}) {
+            GemmTile{128, 256, 1, 1}, GemmTile{16, 0}, GemmTile{32, 0}, GemmTile{64, 0}}) {
         const int tm = tile.tm;
         int num_valid = counts[0] + counts[1];
         std::vector<int32_t> perm(num_valid);
@@ -1077,35 +1067,6 @@ TEST(CudaGroupedSelection, RegistryLimitsAndShapeRule) {
   gp.epi_async = 2;
   EXPECT_THROW(cuda::grouped_epi_async(gp), ValueError);
   gp.epi_async = -1;
-  // half tiles: by default (or asked) on the 256 tile without fused activation or clusters
-  gp.N = 512;
-  gp.K = 256;
-  gp.tile_m = 128;
-  gp.tile_n = 256;
-  gp.half_tiles = 1;
-  EXPECT_TRUE(cuda::grouped_half_tiles(gp));
-  if (std::getenv("FP8MOE_GROUPED_HALF") == nullptr) {
-    gp.half_tiles = -1;
-    EXPECT_TRUE(cuda::grouped_half_tiles(gp));
-  }
-  gp.half_tiles = 0;
-  EXPECT_FALSE(cuda::grouped_half_tiles(gp));
-  gp.half_tiles = 1;
-  gp.N = 384;  // the 128 tile
-  EXPECT_FALSE(cuda::grouped_half_tiles(gp));
-  gp.N = 512;
-  gp.tile_m = 64;  // swapped kernel
-  EXPECT_FALSE(cuda::grouped_half_tiles(gp));
-  gp.tile_m = 128;
-  gp.fuse_act = 1;
-  EXPECT_FALSE(cuda::grouped_half_tiles(gp));
-  gp.fuse_act = 0;
-  gp.mcast = 1;  // clusters (two 256-wide n-blocks pair up)
-  EXPECT_FALSE(cuda::grouped_half_tiles(gp));
-  gp.mcast = -1;
-  gp.half_tiles = 2;
-  EXPECT_THROW(cuda::grouped_half_tiles(gp), ValueError);
-  gp.half_tiles = -1;
   // supports_config: B128 FP8 only
   const ExpertsImpl& g = cuda::grouped_impl();
   MoeConfig cfg;

@@ -93,22 +93,6 @@ int grouped_cluster_ctas(const GroupedGemmParams& p) {
   return (p.N / grouped_tile_n(p)) % 2 == 0 ? 2 : 1;  // the n-blocks pair up
 }
 
-bool grouped_half_tiles(const GroupedGemmParams& p) {
-  static const int env = [] {
-    const char* v = std::getenv("FP8MOE_GROUPED_HALF");
-    if (!v || !*v) return -1;
-    const std::string s(v);
-    if (s == "0") return 0;
-    if (s == "1") return 1;
-    throw ValueError("FP8MOE_GROUPED_HALF='" + s + "' is not 0 or 1");
-  }();
-  if (p.half_tiles < -1 || p.half_tiles > 1)
-    throw ValueError("grouped GEMM: half_tiles must be -1, 0 or 1");
-  const int want = p.half_tiles >= 0 ? p.half_tiles : (env >= 0 ? env : 1);
-  return want == 1 && p.tile_m == 128 && !p.fuse_act && grouped_tile_n(p) == kG2BN &&
-         grouped_cluster_ctas(p) == 1;
-}
-
 bool grouped_epi_async(const GroupedGemmParams& p) {
   static const int env = [] {
     const char* v = std::getenv("FP8MOE_GROUPED_EPI");
@@ -222,25 +206,23 @@ void launch_grouped_gemm(const GroupedGemmParams& p, const uint8_t* a, const uin
         "q_out / q_scale");
   const int mc = grouped_cluster_ctas(p);
   if (p.fuse_act || grouped_tile_n(p) == kG2BN) {  // 128 x 256 tiles (two 128-row B halves)
-    GroupedGemmParams q = p;                       // the kernel reads half_tiles resolved (0 / 1)
-    q.half_tiles = grouped_half_tiles(p) ? 1 : 0;
     const CUtensorMap tm_b = make_tma_2d_u8(b, p.K, b_rows, kGBK, kGBN);  // one 128-row half
     const int64_t tiles = max_m_blocks * (p.N / kG2BN);
     const CUtensorMap tm_a = make_tma_2d_u8(a, p.K, p.a_rows, kGBK, kGBM / mc);
     if (mc == 2) {  // opt-in two-CTA clusters sharing A (FP8MOE_GROUPED_MCAST=1 / p.mcast = 1)
       const bool async = grouped_epi_async(p);
       launch_cluster2(async ? grouped_gemm_n256_kernel<0, 1, 2> : grouped_gemm_n256_kernel<0, 0, 2>,
-                      grid_ctas(p, tiles), async ? kG2aSmemBytes : kG2SmemBytes, stream, q, tm_a,
+                      grid_ctas(p, tiles), async ? kG2aSmemBytes : kG2SmemBytes, stream, p, tm_a,
                       tm_b);
       return;
     }
     const unsigned grid = static_cast<unsigned>(grid_ctas(p, tiles));
     if (p.fuse_act)
-      grouped_gemm_n256_kernel<1, 0><<<grid, kGThreads, kG2SmemBytes, stream>>>(q, tm_a, tm_b);
+      grouped_gemm_n256_kernel<1, 0><<<grid, kGThreads, kG2SmemBytes, stream>>>(p, tm_a, tm_b);
     else if (grouped_epi_async(p))
-      grouped_gemm_n256_kernel<0, 1><<<grid, kGThreads, kG2aSmemBytes, stream>>>(q, tm_a, tm_b);
+      grouped_gemm_n256_kernel<0, 1><<<grid, kGThreads, kG2aSmemBytes, stream>>>(p, tm_a, tm_b);
     else
-      grouped_gemm_n256_kernel<0, 0><<<grid, kGThreads, kG2SmemBytes, stream>>>(q, tm_a, tm_b);
+      grouped_gemm_n256_kernel<0, 0><<<grid, kGThreads, kG2SmemBytes, stream>>>(p, tm_a, tm_b);
     FP8MOE_CUDA_CHECK_LAUNCH();
     return;
   }

@@ -68,17 +68,6 @@ __device__ __forceinline__ void gg_reg_fence(float (&d)[kN]) {
 __device__ __forceinline__ void gg_bar(int id, int count) {
   asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(count) : "memory");
 }
-// bar.sync with an AND over the participating threads' predicates (the same value in each).
-__device__ __forceinline__ bool gg_bar_and(int id, int count, bool pred) {
-  uint32_t r;
-  asm volatile(
-      "{\n .reg .pred p, q;\n setp.ne.u32 p, %1, 0;\n bar.red.and.pred q, %2, %3, p;\n"
-      " selp.u32 %0, 1, 0, q;\n}\n"
-      : "=r"(r)
-      : "r"(uint32_t(pred)), "r"(id), "r"(count)
-      : "memory");
-  return r != 0;
-}
 template <int kRegs>
 __device__ __forceinline__ void gg_setmaxnreg_inc() {
   asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(kRegs));
@@ -192,23 +181,17 @@ struct GTile {
 };
 
 // Tile t of total_m x n_tiles_n in the grouped order. pref: masked prefix of m-blocks per expert.
-// The m-block of tile t in the grouped order (and its n-block in nt).
-__device__ __forceinline__ int gg_tile_mb(const GroupedGemmParams& p, int total_m, int n_tiles_n,
-                                          int t, int& nt) {
+template <int kBM = kGBM>
+__device__ __forceinline__ GTile gg_tile(const GroupedGemmParams& p, const int* pref, int total_m,
+                                         int n_tiles_n, int t) {
   const int group_m = p.group_m > 0 ? p.group_m : kGGroupM;
   const int per_group = group_m * n_tiles_n;
   const int grp = t / per_group, rem = t % per_group;
   const int m_first = grp * group_m;
   const int gm = min(group_m, total_m - m_first);
-  nt = rem / gm;
-  return m_first + rem % gm;
-}
-
-template <int kBM = kGBM>
-__device__ __forceinline__ GTile gg_tile(const GroupedGemmParams& p, const int* pref, int total_m,
-                                         int n_tiles_n, int t) {
+  const int mb = m_first + rem % gm;
   GTile g;
-  const int mb = gg_tile_mb(p, total_m, n_tiles_n, t, g.nt);
+  g.nt = rem / gm;
   if (p.masked) {
     int lo = 0, hi = p.E - 1;  // last e with pref[e] <= mb (then pref[e + 1] > mb)
     while (lo < hi) {
@@ -684,46 +667,6 @@ __device__ __forceinline__ void gg_kblock_64x256(const GroupedGemmParams& p, flo
   sb1 = nb1;
 }
 
-// The same for a half tile (GroupedGemmParams::half_tiles): the warpgroup's 64 x 128 output of one
-// B half into acc[0..63] with scale sa * sb. Its values are bitwise those of that half in
-// gg_kblock_64x256 (the same four wgmmas into a fresh partial, the same promotion).
-template <class AfterIssue, class Release>
-__device__ __forceinline__ void gg_kblock_64x128(const GroupedGemmParams& p, float (&acc)[128],
-                                                 float (&part)[64], uint64_t da, uint64_t db,
-                                                 int kb, int num_kb, const float* as0,
-                                                 const float* as1, const float* bs, float& sa0,
-                                                 float& sa1, float& sb, AfterIssue after_issue,
-                                                 Release release) {
-  gg_reg_fence(part);
-  gg_fence();
-#pragma unroll
-  for (int ks = 0; ks < 4; ++ks) gg_wgmma_n128(part, da + 2 * ks, db + 2 * ks, ks > 0);
-  gg_commit();
-  after_issue();
-  float na0 = 0.0f, na1 = 0.0f, nb = 0.0f;
-  if (kb + 1 < num_kb) {
-    na0 = as0 ? __ldg(as0 + (kb + 1) * p.a_scale_kb) : 0.0f;
-    na1 = as1 ? __ldg(as1 + (kb + 1) * p.a_scale_kb) : 0.0f;
-    nb = __ldg(bs + (kb + 1) * p.b_scale_kb);
-  }
-  gg_wait0();
-  gg_reg_fence(part);
-  release();
-  {
-    const float s0 = sa0 * sb, s1 = sa1 * sb;
-#pragma unroll
-    for (int j = 0; j < 16; ++j) {
-      acc[4 * j + 0] = fmaf(part[4 * j + 0], s0, acc[4 * j + 0]);
-      acc[4 * j + 1] = fmaf(part[4 * j + 1], s0, acc[4 * j + 1]);
-      acc[4 * j + 2] = fmaf(part[4 * j + 2], s1, acc[4 * j + 2]);
-      acc[4 * j + 3] = fmaf(part[4 * j + 3], s1, acc[4 * j + 3]);
-    }
-  }
-  sa0 = na0;
-  sa1 = na1;
-  sb = nb;
-}
-
 // kFuse = 1: GEMM1 with the fused activation + quantisation epilogue (GroupedGemmParams::fuse_act).
 // kAsync = 1: the asynchronous epilogue (bulk copies; not with kFuse).
 // kMc = 2: clusters of two CTAs on the same m-block and adjacent 256-wide n-blocks (CTA rank r
@@ -816,43 +759,13 @@ __global__ void __launch_bounds__(kGThreads, 1)
 
   // ================================= consumers ==============================================
   gg_setmaxnreg_inc<232>();
-  const int cw = wg - 1;  // rows [64 cw, 64 cw + 64) of the tile (a half tile: B half cw)
-  const int lr = warp * 16 + (lane >> 2);  // this thread's rows lr, lr + 8 of the warpgroup's 64
+  const int cw = wg - 1;  // rows [64 cw, 64 cw + 64) of the tile
+  const int r_lo = cw * 64 + warp * 16 + (lane >> 2), r_hi = r_lo + 8;
   const int q = lane & 3;
-  // Half tiles (GroupedGemmParams::half_tiles, resolved to 0 / 1 by the launcher): a tile whose
-  // rows 64..127 are all padding (an expert's last m-block with <= 64 rows: about half of them
-  // with uneven expert sizes) runs as rows 0..63 x 256 columns, warpgroup cw taking B half cw:
-  // half the wgmmas and half the epilogue, the same values bitwise (gg_kblock_64x128). The
-  // producer still loads the whole tile. Contiguous layout: the 64 sorted ids of rows 64..127 of
-  // the CTA's next tile are loaded one tile ahead (threads wtid < 64) and voted on at the tile's
-  // start (bar.red.and), so no load sits before the first wgmma; masked layout: the row count.
-  constexpr bool kHalfOk = !kFuse && kMc == 1;
-  const bool half_on = kHalfOk && p.half_tiles > 0;
-  const bool half_ids = half_on && !p.masked && p.sorted_ids != nullptr;
-  int next_id = 0;  // sorted id of row 64 + wtid of the CTA's next tile (wtid < 64)
-  auto fetch_next = [&](int t) {
-    if (wtid < 64 && t < n_tiles) {
-      int nt_unused;
-      const int mb = gg_tile_mb(p, total_m, n_tiles_n, t, nt_unused);
-      next_id = __ldg(p.sorted_ids + int64_t(mb) * kGBM + 64 + wtid);
-    }
-  };
-  if (half_ids) fetch_next(cid);
   int it = 0;
   for (int t = cid; t < n_tiles; t += ncl) {
     GTile g = gg_tile(p, pref, total_m, n_tiles_n, t);
     g.nt = g.nt * kMc + static_cast<int>(crank);
-    bool half = false;
-    if (half_on) {
-      if (p.masked) {
-        half = g.rows <= 64;
-      } else if (half_ids) {
-        half = gg_bar_and(3 + cw, 128, wtid >= 64 || next_id >= p.num_valid);
-        fetch_next(t + ncl);
-      }
-    }
-    const int rb = half ? 0 : cw * 64;  // tile row of the warpgroup's first row
-    const int r_lo = rb + lr, r_hi = r_lo + 8;
     const int64_t ar0 = int64_t(g.row0) + r_lo, ar1 = int64_t(g.row0) + r_hi;
     // rows past A's end (masked tail) read scale 0: their outputs are never stored
     const float* as0 = ar0 < p.a_rows ? p.a_scale + ar0 * p.a_scale_stride : nullptr;
@@ -866,48 +779,39 @@ __global__ void __launch_bounds__(kGThreads, 1)
     float acc[128], part[64];
 #pragma unroll
     for (int i = 0; i < 128; ++i) acc[i] = 0.0f;
-    // async epilogue: thread wtid < 64 owns tile row rb + wtid (its metadata, its bulk copy)
+    // async epilogue: thread wtid < 64 owns tile row 64 cw + wtid (its metadata, its bulk copy)
     int row_id = 0, row_dst = -1;
     float row_w = 1.0f;
     if constexpr (kAsync) {
-      if (wtid < 64) row_id = gg_row_id(p, g, rb + wtid);
+      if (wtid < 64) row_id = gg_row_id(p, g, cw * 64 + wtid);
     }
     float sa0 = as0 ? __ldg(as0) : 0.0f, sa1 = as1 ? __ldg(as1) : 0.0f;
     float sb0 = __ldg(bs0), sb1 = __ldg(bs1);
-    const float* bsh = cw ? bs1 : bs0;  // a half tile's B half
-    float sbh = cw ? sb1 : sb0;
     for (int kb = 0; kb < num_kb; ++kb, ++it) {
       const int s = it % kSt;
       const uint32_t ph = (it / kSt) & 1;
       mbar_wait(&full[s], ph);
-      const uint8_t* a_s = smem + s * kG2StageBytes + rb * kGBK;
+      const uint8_t* a_s = smem + s * kG2StageBytes + cw * (64 * kGBK);
       const uint8_t* b_s = smem + s * kG2StageBytes + kGAStage;
-      const uint64_t da = gg_desc(a_s);
-      auto after_issue = [&] {
-        if constexpr (kAsync) {
-          if (kb == 0 && wtid < 64) gg_row_finish(p, g, rb + wtid, row_id, row_dst, row_w);
-        }
-      };
-      auto release = [&] {
-        if (lane == 0) {
-          if constexpr (kMc > 1) {
+      const uint64_t da = gg_desc(a_s), db0 = gg_desc(b_s), db1 = gg_desc(b_s + kGBStage);
+      gg_kblock_64x256(
+          p, acc, part, da, db0, db1, kb, num_kb, as0, as1, bs0, bs1, sa0, sa1, sb0, sb1,
+          [&] {
+            if constexpr (kAsync) {
+              if (kb == 0 && wtid < 64) gg_row_finish(p, g, cw * 64 + wtid, row_id, row_dst, row_w);
+            }
+          },
+          [&] {
+            if (lane == 0) {
+              if constexpr (kMc > 1) {
 #pragma unroll
-            for (int r = 0; r < kMc; ++r) gg_arrive_cluster(&empty[s], r);
-          } else {
-            mbar_arrive(&empty[s]);
-          }
-        }
-      };
-      if (half) {
-        gg_kblock_64x128(p, acc, part, da, gg_desc(b_s + cw * kGBStage), kb, num_kb, as0, as1, bsh,
-                         sa0, sa1, sbh, after_issue, release);
-      } else {
-        gg_kblock_64x256(p, acc, part, da, gg_desc(b_s), gg_desc(b_s + kGBStage), kb, num_kb, as0,
-                         as1, bs0, bs1, sa0, sa1, sb0, sb1, after_issue, release);
-      }
+                for (int r = 0; r < kMc; ++r) gg_arrive_cluster(&empty[s], r);
+              } else {
+                mbar_arrive(&empty[s]);
+              }
+            }
+          });
     }
-    // the warpgroup's output columns: all 256, or B half cw's 128 of a half tile
-    const int n0 = g.nt * kG2BN + (half ? cw * kGBN : 0);
 
     if constexpr (kAsync) {
       // ---- asynchronous epilogue: the whole 64 x 256 output staged, one bulk copy per row ----
@@ -917,51 +821,51 @@ __global__ void __launch_bounds__(kGThreads, 1)
         s_w[cw][wtid] = row_w;
       }
       gg_bar(1 + cw, 128);
-      const float w_lo = s_w[cw][lr], w_hi = s_w[cw][lr + 8];
+      const float w_lo = s_w[cw][r_lo - cw * 64], w_hi = s_w[cw][r_hi - cw * 64];
+      const int n0 = g.nt * kG2BN;
 #pragma unroll
       for (int j = 0; j < 32; ++j) {  // acc[4 j ..] holds columns 8 j + 2 q, + 1 (rows lo, hi)
-        if (half && j >= 16) continue;
         const int col = 8 * j + 2 * q;
-        gg_epi_pair(p, g.e, n0, col, acc + 4 * j, w_lo, w_hi, col, stg + lr * kG2aEpiPitch,
-                    stg + (lr + 8) * kG2aEpiPitch);
+        gg_epi_pair(p, g.e, n0, col, acc + 4 * j, w_lo, w_hi, col,
+                    stg + (r_lo - cw * 64) * kG2aEpiPitch, stg + (r_hi - cw * 64) * kG2aEpiPitch);
       }
       fence_proxy_async();  // the generic-proxy writes, before the bulk copies read them
       gg_bar(1 + cw, 128);
       if (wtid < 64) {
         if (row_dst >= 0)
           bulk_store_1d(p.out + int64_t(row_dst) * p.out_stride + n0, stg + wtid * kG2aEpiPitch,
-                        half ? kGBN * 2 : kG2BN * 2);
+                        kG2BN * 2);
         bulk_commit();
       }
       continue;
     }
-    // ---- epilogue: four 64-column quarters (two of a half tile) through the staging buffer ----
+    // ---- epilogue: four 64-column quarters through the warpgroup's staging buffer ----
     uint16_t* stage = epi + cw * (64 * kG2EpiPitch);
     gg_bar(1 + cw, 128);  // the previous tile's readers of stage / s_dst are done
     if (wtid < 64) {
       int dst;
       float w;
-      gg_row_dest(p, g, rb + wtid, dst, w);
+      gg_row_dest(p, g, cw * 64 + wtid, dst, w);
       s_dst[cw][wtid] = dst;
       s_w[cw][wtid] = w;
     }
     gg_bar(1 + cw, 128);
     if constexpr (kFuse) {
-      gg_fused_act_quant_epilogue(p, g, acc, reinterpret_cast<uint8_t*>(stage), s_dst[cw], cw, lr,
-                                  q);
+      gg_fused_act_quant_epilogue(p, g, acc, reinterpret_cast<uint8_t*>(stage), s_dst[cw], cw,
+                                  r_lo - cw * 64, q);
       continue;
     }
-    const float w_lo = s_w[cw][lr], w_hi = s_w[cw][lr + 8];
+    const float w_lo = s_w[cw][r_lo - cw * 64], w_hi = s_w[cw][r_hi - cw * 64];
+    const int n0 = g.nt * kG2BN;
 #pragma unroll
     for (int qt = 0; qt < 4; ++qt) {
-      if (half && qt >= 2) continue;
       if (qt > 0) gg_bar(1 + cw, 128);  // the previous quarter's readers are done
 #pragma unroll
       for (int jj = 0; jj < 8; ++jj) {
         const int j = 8 * qt + jj;  // acc[4 j ..] holds columns 8 j + 2 q, + 1 (rows lo, hi)
         const int col = 8 * j + 2 * q;
         gg_epi_pair(p, g.e, n0, col, acc + 4 * j, w_lo, w_hi, col - qt * kG2EpiCols,
-                    stage + lr * kG2EpiPitch, stage + (lr + 8) * kG2EpiPitch);
+                    stage + (r_lo - cw * 64) * kG2EpiPitch, stage + (r_hi - cw * 64) * kG2EpiPitch);
       }
       gg_bar(1 + cw, 128);
       // 64 rows x 128 bytes: 8 lanes per row

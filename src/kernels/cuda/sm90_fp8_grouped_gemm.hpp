@@ -96,12 +96,6 @@ struct GroupedGemmParams {
   int32_t epi_async = -1;
   // (A ping-pong 64 x 256 kernel, each consumer warpgroup on its own tiles, ran 7% faster GEMM-only
   // on K = 256 but no faster in the layer: removed after grouped run 9; commit 8230222 has it.)
-  // 128 x 256 tile without fused activation or clusters: a tile whose rows 64..127 are all padding
-  // (contiguous: sorted id >= num_valid; masked: the expert's count) runs as a half tile, rows
-  // 0..63 x 256 columns with one B half per consumer warpgroup (half the wgmmas and stores; same
-  // values bitwise). -1 = FP8MOE_GROUPED_HALF (0 or 1) when set, else on; 0 / 1 force it.
-  // grouped_half_tiles says where it runs.
-  int32_t half_tiles = -1;
 };
 
 // Most experts the masked scheduler handles (its prefix table lives in shared memory).
@@ -127,11 +121,6 @@ int grouped_cluster_occupancy(int tile_n);
 // n-blocks) when asked for (p.mcast = 1, or -1 with FP8MOE_GROUPED_MCAST=1), the n-blocks of the
 // tile width pair up and the fused activation is off; else 1.
 int grouped_cluster_ctas(const GroupedGemmParams& p);
-
-// Whether the 128 x 256 kernel runs p's all-padding half m-blocks as half tiles
-// (GroupedGemmParams::half_tiles): asked for (or by default), the 256 tile, no fused activation,
-// no clusters.
-bool grouped_half_tiles(const GroupedGemmParams& p);
 
 // The output tile width the 128-row kernel runs p with (128 or 256; see GroupedGemmParams::tile_n).
 int grouped_tile_n(const GroupedGemmParams& p);
