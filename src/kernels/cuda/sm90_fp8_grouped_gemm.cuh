@@ -77,6 +77,21 @@ __device__ __forceinline__ void gg_setmaxnreg_dec() {
   asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(kRegs));
 }
 
+// acc[kOff + i] += part[i] * (s0 for columns of row lo, s1 for row hi): the promotion of one
+// 64 x 128 wgmma partial (quads: row lo's two columns, then row hi's).
+template <int kOff, int kN>
+__device__ __forceinline__ void gg_promote(float (&acc)[kN], const float (&part)[64], float s0,
+                                           float s1) {
+  static_assert(kOff + 64 <= kN, "promotion: accumulator range");
+#pragma unroll
+  for (int j = 0; j < 16; ++j) {
+    acc[kOff + 4 * j + 0] = fmaf(part[4 * j + 0], s0, acc[kOff + 4 * j + 0]);
+    acc[kOff + 4 * j + 1] = fmaf(part[4 * j + 1], s0, acc[kOff + 4 * j + 1]);
+    acc[kOff + 4 * j + 2] = fmaf(part[4 * j + 2], s1, acc[kOff + 4 * j + 2]);
+    acc[kOff + 4 * j + 3] = fmaf(part[4 * j + 3], s1, acc[kOff + 4 * j + 3]);
+  }
+}
+
 // D(64 x 128 f32) (+)= A(64 x 32 e4m3, smem) * B(128 x 32 e4m3, smem)^T; scale_d = 0 overwrites.
 __device__ __forceinline__ void gg_wgmma_n128(float (&d)[64], uint64_t da, uint64_t db,
                                               int scale_d) {
@@ -443,13 +458,7 @@ __global__ void __launch_bounds__(kGThreads, 1)
         }
       }
       const float s0 = sa0 * sb, s1 = sa1 * sb;
-#pragma unroll
-      for (int j = 0; j < 16; ++j) {
-        acc[4 * j + 0] = fmaf(part[4 * j + 0], s0, acc[4 * j + 0]);
-        acc[4 * j + 1] = fmaf(part[4 * j + 1], s0, acc[4 * j + 1]);
-        acc[4 * j + 2] = fmaf(part[4 * j + 2], s1, acc[4 * j + 2]);
-        acc[4 * j + 3] = fmaf(part[4 * j + 3], s1, acc[4 * j + 3]);
-      }
+      gg_promote<0>(acc, part, s0, s1);
       sa0 = na0;
       sa1 = na1;
       sb = nb;
@@ -634,13 +643,7 @@ __device__ __forceinline__ void gg_kblock_64x256(const GroupedGemmParams& p, flo
   gg_reg_fence(part);
   {
     const float s0 = sa0 * sb0, s1 = sa1 * sb0;
-#pragma unroll
-    for (int j = 0; j < 16; ++j) {
-      acc[4 * j + 0] = fmaf(part[4 * j + 0], s0, acc[4 * j + 0]);
-      acc[4 * j + 1] = fmaf(part[4 * j + 1], s0, acc[4 * j + 1]);
-      acc[4 * j + 2] = fmaf(part[4 * j + 2], s1, acc[4 * j + 2]);
-      acc[4 * j + 3] = fmaf(part[4 * j + 3], s1, acc[4 * j + 3]);
-    }
+    gg_promote<0>(acc, part, s0, s1);
   }
   // half 1
   gg_reg_fence(part);
@@ -653,13 +656,7 @@ __device__ __forceinline__ void gg_kblock_64x256(const GroupedGemmParams& p, flo
   release();
   {
     const float s0 = sa0 * sb1, s1 = sa1 * sb1;
-#pragma unroll
-    for (int j = 0; j < 16; ++j) {
-      acc[64 + 4 * j + 0] = fmaf(part[4 * j + 0], s0, acc[64 + 4 * j + 0]);
-      acc[64 + 4 * j + 1] = fmaf(part[4 * j + 1], s0, acc[64 + 4 * j + 1]);
-      acc[64 + 4 * j + 2] = fmaf(part[4 * j + 2], s1, acc[64 + 4 * j + 2]);
-      acc[64 + 4 * j + 3] = fmaf(part[4 * j + 3], s1, acc[64 + 4 * j + 3]);
-    }
+    gg_promote<64>(acc, part, s0, s1);
   }
   sa0 = na0;
   sa1 = na1;
