@@ -5,6 +5,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <mutex>
 #include <string>
 #include <vector>
 
@@ -107,6 +108,9 @@ bool trace_wanted(cudaStream_t st) {
   return cs == cudaStreamCaptureStatusNone;
 }
 unsigned long long* trace_buffer(unsigned ctas) {
+  // one buffer for the process (concurrent traced calls share it: a debugging aid, not for threads)
+  static std::mutex mu;
+  const std::lock_guard<std::mutex> lock(mu);
   static unsigned long long* buf = nullptr;
   static unsigned cap = 0;
   if (ctas > cap) {
@@ -235,11 +239,19 @@ void run_single(const MoeProblem& p, void* workspace) {
 
   const int smem = smem_bytes(p);
   void (*kernel)(SingleParams, CUtensorMap) = moe_single_kernel<kSgWarps>;
+  // The kernel's dynamic shared memory limit only grows, under a lock: the layer may be called from
+  // several threads at once (EP ranks simulated by threads on one GPU), and an unlocked
+  // check-then-set let a thread needing less lower the limit after one needing more had raised it,
+  // whose launch then failed.
   static std::atomic<int> conf{0};
   if (smem > conf.load()) {
-    FP8MOE_CUDA_CHECK(
-        cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
-    conf.store(smem);
+    static std::mutex mu;
+    const std::lock_guard<std::mutex> lock(mu);
+    if (smem > conf.load()) {
+      FP8MOE_CUDA_CHECK(
+          cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+      conf.store(smem);
+    }
   }
   FP8MOE_CUDA_CHECK(cudaMemsetAsync(sp.sync, 0, 16, p.stream));
   cudaLaunchConfig_t cfg{};
