@@ -15,6 +15,7 @@
 #include <cuda_runtime_api.h>
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
@@ -159,11 +160,14 @@ constexpr uint16_t kPoisonBf16 = 0x7FC0;
 // operands) and, for the 128-row kernel, the output tile width (128 or 256; 256 falls back to 128
 // when N % 256 != 0, which the N = 384 cases check); epi 1 / 0 = the 256 tile's asynchronous /
 // sync epilogue (-1 = the library's choice, which is async at these short K); mc 1 = two-CTA
-// clusters multicasting A where the tile width's n-blocks pair up (GroupedGemmParams::mcast).
+// clusters multicasting A where the tile width's n-blocks pair up (GroupedGemmParams::mcast); nb
+// 2 / 4 = the swapped kernel's 128-row n-blocks per tile (GroupedGemmParams::swap_nb; 0 = the
+// library's choice), where N and K allow it.
 struct GemmTile {
   int tm, tn;
   int epi = -1;
   int mc = 0;
+  int nb = 0;
 };
 
 std::string tile_name(const GemmTile& t) {
@@ -171,7 +175,7 @@ std::string tile_name(const GemmTile& t) {
          (t.epi == 1   ? "_async"
           : t.epi == 0 ? "_sync"
                        : "") +
-         (t.mc ? "_mc" : "");
+         (t.mc ? "_mc" : "") + (t.nb ? "_nb" + std::to_string(t.nb) : "");
 }
 
 void set_tile(cuda::GroupedGemmParams& p, const GemmTile& t) {
@@ -179,10 +183,22 @@ void set_tile(cuda::GroupedGemmParams& p, const GemmTile& t) {
   p.tile_n = t.tn;
   p.epi_async = t.epi;
   p.mcast = t.mc;
+  p.swap_nb = t.nb;
 }
 
 void expect_tile_n(const cuda::GroupedGemmParams& p, const GemmTile& t) {
-  if (t.tm != 128) return;
+  if (t.tm != 128) {
+    // n-blocks per swapped tile: as asked (nb 0: the rule, 4 for K <= 256, 2 for K <= 512, else
+    // 1) where K fits one scale chunk (<= 8 K blocks) and N holds whole tiles, halved until it
+    // does, else 1 (64-token tiles: 1; 32: at most 2)
+    const int ask = t.nb ? t.nb : (p.K <= 256 ? 4 : (p.K <= 512 ? 2 : 1));
+    int nb = t.tm <= 32 && p.K <= 1024 ? (t.tm == 32 ? std::min(ask, 2) : ask) : 1;
+    while (nb > 1 && p.N % (128 * nb) != 0) nb /= 2;
+    if (t.nb > 0 || !std::getenv("FP8MOE_GROUPED_SWAP_NB")) {
+      EXPECT_EQ(cuda::grouped_swap_nb(p), nb) << "N " << p.N << " K " << p.K;
+    }
+    return;
+  }
   const int tn = t.tn == 256 && p.N % 256 == 0 ? 256 : 128;
   EXPECT_EQ(cuda::grouped_tile_n(p), tn) << "N " << p.N;
   EXPECT_EQ(cuda::grouped_cluster_ctas(p), t.mc && (p.N / tn) % 2 == 0 ? 2 : 1) << "N " << p.N;
@@ -255,6 +271,7 @@ TEST_P(CudaGroupedGemm, ContiguousExactBitwise) {
         // in the tile order; the default group of 8 holds every m-block of this problem)
         p.group_m = ctas ? 3 : 0;
         p.N = N;
+        p.K = K;
         expect_tile_n(p, tile);
         p.a_rows = capacity;
         p.expert_blk = static_cast<const int32_t*>(dblk.data());
@@ -312,6 +329,7 @@ TEST_P(CudaGroupedGemm, MaskedExactBitwise) {
       set_tile(p, tile);
       p.max_ctas = ctas;
       p.N = N;
+      p.K = K;
       expect_tile_n(p, tile);
       p.masked = 1;
       p.a_rows = rows;
@@ -345,11 +363,15 @@ INSTANTIATE_TEST_SUITE_P(TileM, CudaGroupedGemm,
                          ::testing::Values(GemmTile{128, 128}, GemmTile{128, 128, -1, 1},
                                            GemmTile{128, 256, 0}, GemmTile{128, 256, 1},
                                            GemmTile{128, 256, 0, 1}, GemmTile{128, 256, 1, 1},
-                                           GemmTile{16, 0}, GemmTile{32, 0}, GemmTile{64, 0}),
+                                           GemmTile{16, 0}, GemmTile{32, 0}, GemmTile{64, 0},
+                                           GemmTile{16, 0, -1, 0, 1}, GemmTile{16, 0, -1, 0, 2},
+                                           GemmTile{16, 0, -1, 0, 4}, GemmTile{32, 0, -1, 0, 1},
+                                           GemmTile{32, 0, -1, 0, 2}),
                          [](const auto& info) { return tile_name(info.param); });
 
 // Long and short K: the swapped kernels copy the tile's scales to shared memory in chunks of 64 K
-// blocks (32 with 64-token tiles; the first chunk of the next tile while the current one runs, in
+// blocks (32 with 64-token tiles; 8 with several n-blocks per tile, which K = 1024 fills and longer
+// K turns off; the first chunk of the next tile while the current one runs, in
 // the other of two buffers), so 1 block, whole chunks (K = 16384: reloads inside the K loop) and
 // 130 blocks (a partial last chunk) must all be exact; three CTAs make each consumer warpgroup run
 // several tiles (the prefetch must not overwrite scales it still reads), with scatter and row
@@ -360,7 +382,7 @@ TEST(CudaGroupedGemmLongK, MoreThan128KBlocksExactBitwise) {
   std::mt19937 rng(4242);
   const int E = 2, N = 512;
   const int counts[E] = {20, 3};
-  for (const int K : {128, 16384, 16640})
+  for (const int K : {128, 1024, 16384, 16640})
     for (const bool compact : {false, true}) {
       // compact: per-token A scales and per-expert B scales (zero strides, the cuda_fused grouped
       // path's per-tensor schemes): the host scales are made constant per row / per expert
@@ -372,7 +394,9 @@ TEST(CudaGroupedGemmLongK, MoreThan128KBlocksExactBitwise) {
                 g.b_scale[size_t(e) * (N / 128) * (K / 128)];
       for (const GemmTile tile :
            {GemmTile{128, 256, 0}, GemmTile{128, 256, 1}, GemmTile{128, 256, 0, 1},
-            GemmTile{128, 256, 1, 1}, GemmTile{16, 0}, GemmTile{32, 0}, GemmTile{64, 0}}) {
+            GemmTile{128, 256, 1, 1}, GemmTile{16, 0}, GemmTile{32, 0}, GemmTile{64, 0},
+            GemmTile{16, 0, -1, 0, 1}, GemmTile{16, 0, -1, 0, 2}, GemmTile{16, 0, -1, 0, 4},
+            GemmTile{32, 0, -1, 0, 2}}) {
         const int tm = tile.tm;
         int num_valid = counts[0] + counts[1];
         std::vector<int32_t> perm(num_valid);
@@ -416,6 +440,7 @@ TEST(CudaGroupedGemmLongK, MoreThan128KBlocksExactBitwise) {
           set_tile(p, tile);
           p.max_ctas = ctas;
           p.N = N;
+          p.K = K;
           expect_tile_n(p, tile);
           p.a_rows = rows;
           p.expert_blk = static_cast<const int32_t*>(dblk.data());

@@ -124,21 +124,46 @@ int grouped_tile_m(double rows_per_expert) {
   return 128;
 }
 
+int grouped_swap_nb(const GroupedGemmParams& p) {
+  static const int env = [] {
+    const char* v = std::getenv("FP8MOE_GROUPED_SWAP_NB");
+    if (!v || !*v) return 0;
+    const std::string s(v);
+    if (s != "1" && s != "2" && s != "4")
+      throw ValueError("FP8MOE_GROUPED_SWAP_NB='" + s + "' is not 1, 2 or 4");
+    return std::atoi(v);
+  }();
+  if (p.swap_nb != 0 && p.swap_nb != 1 && p.swap_nb != 2 && p.swap_nb != 4)
+    throw ValueError("grouped GEMM: swap_nb must be 0, 1, 2 or 4");
+  if (p.tile_m != 16 && p.tile_m != 32) return 1;
+  int want = p.swap_nb ? p.swap_nb : env;
+  // The rule: the shorter K, the more a tile's fixed work weighs: 4 n-blocks at <= 2 K blocks, 2 at
+  // <= 4. Measured on the H200 (docs/PERFORMANCE.md, grouped run 10; layer at M = 8-128, GEMM2 of
+  // K = 256 / 384): 4 against 1 at K = 256 0.91-0.96 (DeepSeek TP8) and 0.95-0.98 (Qwen3-Next), 2
+  // at K = 384 0.97-1.00 (MiniMax, Qwen3-235B), where 4 was no better than 1.
+  if (want == 0) want = p.K <= 2 * kGBK ? 4 : (p.K <= 4 * kGBK ? 2 : 1);
+  if (p.tile_m == 32 && want > 2) want = 2;
+  // one scale chunk (SwapCfg<kTN, kNB>::kScaleKb K blocks) and whole tiles of n-blocks
+  while (want > 1 && (p.K / kGBK > SwapCfg<16, 2>::kScaleKb || p.N % (kGBN * want) != 0)) want /= 2;
+  return want;
+}
+
 namespace {
-template <int kTN>
+template <int kTN, int kNB>
 void launch_swap(const GroupedGemmParams& p, const uint8_t* a, const uint8_t* b, int64_t b_rows,
                  int64_t max_m_blocks, cudaStream_t stream) {
-  using C = SwapCfg<kTN>;
+  using C = SwapCfg<kTN, kNB>;
   static std::once_flag once;
   std::call_once(once, [] {
-    FP8MOE_CUDA_CHECK(cudaFuncSetAttribute(
-        grouped_gemm_swap_kernel<kTN>, cudaFuncAttributeMaxDynamicSharedMemorySize, C::kSmemBytes));
+    FP8MOE_CUDA_CHECK(cudaFuncSetAttribute(grouped_gemm_swap_kernel<kTN, kNB>,
+                                           cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                           C::kSmemBytes));
   });
   const CUtensorMap tm_a = make_tma_2d_u8(a, p.K, p.a_rows, kGBK, kTN);
   const CUtensorMap tm_b = make_tma_2d_u8(b, p.K, b_rows, kGBK, kGBN);
-  const int64_t tiles = max_m_blocks * (p.N / kGBN);
+  const int64_t tiles = max_m_blocks * (p.N / C::kCols);
   const unsigned grid = static_cast<unsigned>(grid_ctas(p, tiles));
-  grouped_gemm_swap_kernel<kTN><<<grid, kGThreads, C::kSmemBytes, stream>>>(p, tm_a, tm_b);
+  grouped_gemm_swap_kernel<kTN, kNB><<<grid, kGThreads, C::kSmemBytes, stream>>>(p, tm_a, tm_b);
   FP8MOE_CUDA_CHECK_LAUNCH();
 }
 }  // namespace
@@ -169,12 +194,17 @@ void launch_grouped_gemm(const GroupedGemmParams& p, const uint8_t* a, const uin
   if (p.fuse_act && p.tile_m != 128)
     throw ValueError("grouped GEMM: the fused activation runs on the 128-row kernel only");
   switch (p.tile_m) {
-    case 16:
-      return launch_swap<16>(p, a, b, b_rows, max_m_blocks, stream);
+    case 16: {
+      const int nb = grouped_swap_nb(p);
+      if (nb == 4) return launch_swap<16, 4>(p, a, b, b_rows, max_m_blocks, stream);
+      if (nb == 2) return launch_swap<16, 2>(p, a, b, b_rows, max_m_blocks, stream);
+      return launch_swap<16, 1>(p, a, b, b_rows, max_m_blocks, stream);
+    }
     case 32:
-      return launch_swap<32>(p, a, b, b_rows, max_m_blocks, stream);
+      if (grouped_swap_nb(p) == 2) return launch_swap<32, 2>(p, a, b, b_rows, max_m_blocks, stream);
+      return launch_swap<32, 1>(p, a, b, b_rows, max_m_blocks, stream);
     case 64:
-      return launch_swap<64>(p, a, b, b_rows, max_m_blocks, stream);
+      return launch_swap<64, 1>(p, a, b, b_rows, max_m_blocks, stream);
     case 128:
       break;
     default:

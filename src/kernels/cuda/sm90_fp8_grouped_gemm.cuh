@@ -897,20 +897,28 @@ __global__ void __launch_bounds__(kGThreads, 1)
 // on one tile (PERFORMANCE.md, grouped run 6). Separate rings, not one shared ring: with one ring
 // a warpgroup running ahead could wait on a stage whose previous fill (for the other warpgroup)
 // has not landed, and an mbarrier parity wait cannot tell those phases apart.
-template <int kTN>
+// kNB n-blocks per tile (1, 2 or 4; more than 1 for short K only, where a tile is a few K blocks
+// and its fixed work (tile lookup, scale copy, row metadata, barriers, epilogue) weighs most: the
+// tile streams its n-blocks one after the other through the same ring, stage by stage (weights of
+// one n-block and K block, with that K block's token rows), into kNB accumulator pairs, and stores
+// kTN rows x kNB * 128 columns in one epilogue.
+template <int kTN, int kNB = 1>
 struct SwapCfg {
   static constexpr int kStages = kTN == 64 ? 3 : 4;  // per warpgroup ring
   static constexpr int kWStage = kGBN * kGBK;        // 16 KB of weights
   static constexpr int kTStage = kTN * kGBK;         // tokens
   static constexpr int kStageBytes = kWStage + kTStage;
-  static constexpr int kEpiBytes = 2 * kTN * kGEpiPitch * 2;  // one staging buffer per warpgroup
+  static constexpr int kCols = kNB * kGBN;                   // output columns per tile
+  static constexpr int kEpiPitch = kCols + 8;                // bf16 per staged row
+  static constexpr int kEpiBytes = 2 * kTN * kEpiPitch * 2;  // one staging buffer per warpgroup
   static constexpr int kPrefBytes = (kGroupedMaxExperts + 1) * 4;
   static constexpr int kBarOff = 2 * kStages * kStageBytes + kEpiBytes;
   // per warpgroup two scale buffers (this tile's, the next tile's), each one chunk of kScaleKb K
-  // blocks: tokens [kb][kTN], then weights [kb]
-  static constexpr int kScaleKb = kTN == 64 ? 32 : 64;
+  // blocks: tokens [kb][kTN], then weights [n-block][kb]. With kNB > 1 the whole K range must fit
+  // one chunk (the launcher's rule: K <= kScaleKb * 128).
+  static constexpr int kScaleKb = kNB > 1 ? 8 : (kTN == 64 ? 32 : 64);
   static constexpr int kScaleOff = (kBarOff + 2 * 2 * kStages * 8 + kPrefBytes + 15) / 16 * 16;
-  static constexpr int kScaleFloats = kScaleKb * (kTN + 1);
+  static constexpr int kScaleFloats = kScaleKb * (kTN + kNB);
   static constexpr int kScaleBytes = 2 * 2 * kScaleFloats * 4;
   static constexpr int kSmemBytes = 1024 + kScaleOff + kScaleBytes + 64;
 };
@@ -920,9 +928,14 @@ static_assert(SwapCfg<32>::kSmemBytes + 2 * 2 * 32 * 8 <= 227 * 1024,
               "swapped tile: shared memory");
 static_assert(SwapCfg<16>::kSmemBytes + 2 * 2 * 16 * 8 <= 227 * 1024,
               "swapped tile: shared memory");
+static_assert(SwapCfg<32, 2>::kSmemBytes + 2 * 2 * 32 * 8 <= 227 * 1024,
+              "swapped tile: shared memory");
+static_assert(SwapCfg<16, 4>::kSmemBytes + 2 * 2 * 16 * 8 <= 227 * 1024,
+              "swapped tile: shared memory");
 static_assert(SwapCfg<16>::kStageBytes % 1024 == 0 && SwapCfg<32>::kStageBytes % 1024 == 0 &&
                   SwapCfg<64>::kStageBytes % 1024 == 0,
               "swapped tile: stages on 1024-byte boundaries (128-byte swizzle)");
+static_assert(SwapCfg<16, 1>::kEpiPitch == kGEpiPitch, "one n-block: the 128 tile's staging pitch");
 
 // 4-byte cp.async; src_bytes = 0 writes zero.
 __device__ __forceinline__ void gg_cp_async_4(void* smem, const void* gmem, int src_bytes) {
@@ -942,12 +955,12 @@ __device__ __forceinline__ void gg_wgmma_tn(float (&d)[kTN / 2], uint64_t da, ui
     gg_wgmma_n64(d, da, db, scale_d);
 }
 
-template <int kTN>
+template <int kTN, int kNB = 1>
 __global__ void __launch_bounds__(kGThreads, 1)
     grouped_gemm_swap_kernel(const __grid_constant__ GroupedGemmParams p,
                              const __grid_constant__ CUtensorMap tm_a,
                              const __grid_constant__ CUtensorMap tm_b) {
-  using C = SwapCfg<kTN>;
+  using C = SwapCfg<kTN, kNB>;
   constexpr int kAcc = kTN / 2;
   constexpr int kS = C::kStages;
   extern __shared__ uint8_t gg_smem_raw[];
@@ -981,7 +994,7 @@ __global__ void __launch_bounds__(kGThreads, 1)
     __syncthreads();
     total_m = *p.num_rows_ptr / kTN;
   }
-  const int n_tiles_n = p.N / kGBN;
+  const int n_tiles_n = p.N / C::kCols;
   const int n_tiles = total_m * n_tiles_n;
   const int num_kb = p.K / kGBK;
   // warpgroup pipeline w (producer thread w, ring w, consumer warpgroup w) takes the CTA's tiles
@@ -1002,15 +1015,17 @@ __global__ void __launch_bounds__(kGThreads, 1)
       int it = 0;
       for (int t = static_cast<int>(blockIdx.x) + w * grid; t < n_tiles; t += 2 * grid) {
         const GTile g = gg_tile<kTN>(p, pref, total_m, n_tiles_n, t);
-        const int brow = g.e * p.N + g.nt * kGBN;
-        for (int kb = 0; kb < num_kb; ++kb, ++it) {
-          const int s = it % kS;
-          const uint32_t ph = (it / kS) & 1;
-          mbar_wait(&rempty[s], ph ^ 1);
-          uint8_t* dst = ring + s * C::kStageBytes;
-          mbar_arrive_expect_tx(&rfull[s], C::kStageBytes);
-          tma_load_2d(dst, &tm_b, &rfull[s], kb * kGBK, brow);
-          tma_load_2d(dst + C::kWStage, &tm_a, &rfull[s], kb * kGBK, g.row0);
+        for (int j = 0; j < kNB; ++j) {
+          const int brow = g.e * p.N + (g.nt * kNB + j) * kGBN;
+          for (int kb = 0; kb < num_kb; ++kb, ++it) {
+            const int s = it % kS;
+            const uint32_t ph = (it / kS) & 1;
+            mbar_wait(&rempty[s], ph ^ 1);
+            uint8_t* dst = ring + s * C::kStageBytes;
+            mbar_arrive_expect_tx(&rfull[s], C::kStageBytes);
+            tma_load_2d(dst, &tm_b, &rfull[s], kb * kGBK, brow);
+            tma_load_2d(dst + C::kWStage, &tm_a, &rfull[s], kb * kGBK, g.row0);
+          }
         }
       }
     }
@@ -1025,25 +1040,30 @@ __global__ void __launch_bounds__(kGThreads, 1)
   uint64_t* rfull = full + cw * kS;
   uint64_t* rempty = empty + cw * kS;
   const uint8_t* ring = smem + cw * kS * C::kStageBytes;
-  uint16_t* my_out = stage_out + cw * kTN * kGEpiPitch;
+  uint16_t* my_out = stage_out + cw * kTN * C::kEpiPitch;
   float* my_sc = s_sc + cw * 2 * C::kScaleFloats;
   // Scales of K blocks [kb, kb + n) of tile g into buffer buf (cp.async by this warpgroup, one
-  // commit group; rows past A's end read 0: never stored).
+  // commit group; rows past A's end read 0: never stored). Warp w copies token rows w, w + 4, ...
+  // with its lanes on the K blocks (no division by n).
   auto copy_scales = [&](const GTile& g, int kb, float* buf) {
     const int n = min(C::kScaleKb, num_kb - kb);
-    const float* bs = p.b_scale + int64_t(g.e) * p.b_scale_e_stride +
-                      int64_t(g.nt) * p.b_scale_n_stride + int64_t(kb) * p.b_scale_kb;
-    for (int i = wtid; i < n * kTN; i += 128) {
-      const int tr = i / n, c = i - tr * n;
+    for (int tr = warp; tr < kTN; tr += 4) {
       const int64_t row = int64_t(g.row0) + tr;
       const bool ok = row < p.a_rows;
-      gg_cp_async_4(
-          buf + c * kTN + tr,
-          ok ? p.a_scale + row * p.a_scale_stride + int64_t(kb + c) * p.a_scale_kb : p.a_scale,
-          ok ? 4 : 0);
+      const float* src =
+          ok ? p.a_scale + row * p.a_scale_stride + int64_t(kb) * p.a_scale_kb : p.a_scale;
+      for (int c = lane; c < n; c += 32)
+        gg_cp_async_4(buf + c * kTN + tr, ok ? src + int64_t(c) * p.a_scale_kb : p.a_scale,
+                      ok ? 4 : 0);
     }
-    for (int i = wtid; i < n; i += 128)
-      gg_cp_async_4(buf + C::kScaleKb * kTN + i, bs + int64_t(i) * p.b_scale_kb, 4);
+#pragma unroll
+    for (int j = 0; j < kNB; ++j) {
+      const float* bs = p.b_scale + int64_t(g.e) * p.b_scale_e_stride +
+                        int64_t(g.nt * kNB + j) * p.b_scale_n_stride + int64_t(kb) * p.b_scale_kb;
+      for (int i = wtid; i < n; i += 128)
+        gg_cp_async_4(buf + C::kScaleKb * kTN + j * C::kScaleKb + i, bs + int64_t(i) * p.b_scale_kb,
+                      4);
+    }
     cp_async_commit();
   };
   // The next tile's first scale chunk and sorted ids are fetched while this tile runs (two scale
@@ -1059,7 +1079,8 @@ __global__ void __launch_bounds__(kGThreads, 1)
   int it = 0, tp = 0;
   for (int t = t0; t < n_tiles; t += 2 * grid, tp ^= 1) {
     const GTile g = g_next;
-    float* sc = my_sc + tp * C::kScaleFloats;  // this tile's scales: tokens [kb][kTN], weights [kb]
+    // this tile's scales: tokens [kb][kTN], weights [n-block][kb]
+    float* sc = my_sc + tp * C::kScaleFloats;
     // the epilogue's metadata of token row wtid (wtid < kTN), loaded under the K loop
     const int row_id = next_row_id;
     int row_dst = -1;
@@ -1073,62 +1094,67 @@ __global__ void __launch_bounds__(kGThreads, 1)
     } else {
       cp_async_commit();  // an empty group: "all but the newest group" stays this tile's
     }
-    float acc0[kAcc], acc1[kAcc], part0[kAcc], part1[kAcc];
+    float acc0[kNB][kAcc], acc1[kNB][kAcc], part0[kAcc], part1[kAcc];
 #pragma unroll
-    for (int i = 0; i < kAcc; ++i) acc0[i] = acc1[i] = 0.0f;
-    for (int kb = 0; kb < num_kb; ++kb, ++it) {
-      const int kc = kb % C::kScaleKb;
-      if (kc == 0 && kb > 0) {  // K > kScaleKb blocks: the next chunk, synchronously
-        gg_bar(bar_id, 128);    // the previous chunk's readers are done
-        copy_scales(g, kb, sc);
-        cp_async_wait<0>();
-        gg_bar(bar_id, 128);
+    for (int j = 0; j < kNB; ++j)
+#pragma unroll
+      for (int i = 0; i < kAcc; ++i) acc0[j][i] = acc1[j][i] = 0.0f;
+#pragma unroll
+    for (int j = 0; j < kNB; ++j) {
+      for (int kb = 0; kb < num_kb; ++kb, ++it) {
+        const int kc = kb % C::kScaleKb;
+        if (kNB == 1 && kc == 0 && kb > 0) {  // K > kScaleKb blocks: the next chunk, synchronously
+          gg_bar(bar_id, 128);                // the previous chunk's readers are done
+          copy_scales(g, kb, sc);
+          cp_async_wait<0>();
+          gg_bar(bar_id, 128);
+        }
+        const int s = it % kS;
+        const uint32_t ph = (it / kS) & 1;
+        mbar_wait(&rfull[s], ph);
+        const uint8_t* w_s = ring + s * C::kStageBytes;
+        const uint64_t da0 = gg_desc(w_s), da1 = gg_desc(w_s + 64 * kGBK);
+        const uint64_t db = gg_desc(w_s + C::kWStage);
+        gg_reg_fence(part0);
+        gg_reg_fence(part1);
+        gg_fence();
+#pragma unroll
+        for (int ks = 0; ks < 4; ++ks) gg_wgmma_tn<kTN>(part0, da0 + 2 * ks, db + 2 * ks, ks > 0);
+#pragma unroll
+        for (int ks = 0; ks < 4; ++ks) gg_wgmma_tn<kTN>(part1, da1 + 2 * ks, db + 2 * ks, ks > 0);
+        gg_commit();
+        if (j == 0 && kb == 0) {
+          if (wtid < kTN) gg_row_finish(p, g, wtid, row_id, row_dst, row_w);
+          cp_async_wait<1>();  // this tile's first chunk (the next tile's may be in flight)
+          // the chunk is in shared memory; also: every thread of the warpgroup is past its
+          // previous tile's epilogue (the readers of my_out / s_dst / s_w are done)
+          gg_bar(bar_id, 128);
+        }
+        // this block's scales: my token columns 8 i + 2 q + c, the n-block's weight scale
+        const float sb = sc[C::kScaleKb * kTN + j * C::kScaleKb + kc];
+        float sa[kTN / 4];
+#pragma unroll
+        for (int i = 0; i < kTN / 8; ++i) {
+          const float2 v = *reinterpret_cast<const float2*>(sc + kc * kTN + 8 * i + 2 * q);
+          sa[2 * i] = v.x * sb;
+          sa[2 * i + 1] = v.y * sb;
+        }
+        gg_wait0();
+        gg_reg_fence(part0);
+        gg_reg_fence(part1);
+        if (lane == 0) mbar_arrive(&rempty[s]);
+#pragma unroll
+        for (int i = 0; i < kTN / 8; ++i)
+#pragma unroll
+          for (int h = 0; h < 2; ++h)
+#pragma unroll
+            for (int c = 0; c < 2; ++c) {
+              acc0[j][4 * i + 2 * h + c] =
+                  fmaf(part0[4 * i + 2 * h + c], sa[2 * i + c], acc0[j][4 * i + 2 * h + c]);
+              acc1[j][4 * i + 2 * h + c] =
+                  fmaf(part1[4 * i + 2 * h + c], sa[2 * i + c], acc1[j][4 * i + 2 * h + c]);
+            }
       }
-      const int s = it % kS;
-      const uint32_t ph = (it / kS) & 1;
-      mbar_wait(&rfull[s], ph);
-      const uint8_t* w_s = ring + s * C::kStageBytes;
-      const uint64_t da0 = gg_desc(w_s), da1 = gg_desc(w_s + 64 * kGBK);
-      const uint64_t db = gg_desc(w_s + C::kWStage);
-      gg_reg_fence(part0);
-      gg_reg_fence(part1);
-      gg_fence();
-#pragma unroll
-      for (int ks = 0; ks < 4; ++ks) gg_wgmma_tn<kTN>(part0, da0 + 2 * ks, db + 2 * ks, ks > 0);
-#pragma unroll
-      for (int ks = 0; ks < 4; ++ks) gg_wgmma_tn<kTN>(part1, da1 + 2 * ks, db + 2 * ks, ks > 0);
-      gg_commit();
-      if (kb == 0) {
-        if (wtid < kTN) gg_row_finish(p, g, wtid, row_id, row_dst, row_w);
-        cp_async_wait<1>();  // this tile's first chunk (the next tile's may be in flight)
-        // the chunk is in shared memory; also: every thread of the warpgroup is past its previous
-        // tile's epilogue (the readers of my_out / s_dst / s_w are done)
-        gg_bar(bar_id, 128);
-      }
-      // this block's scales: my token columns 8 j + 2 q + c, the n-block's weight scale
-      const float sb = sc[C::kScaleKb * kTN + kc];
-      float sa[kTN / 4];
-#pragma unroll
-      for (int j = 0; j < kTN / 8; ++j) {
-        const float2 v = *reinterpret_cast<const float2*>(sc + kc * kTN + 8 * j + 2 * q);
-        sa[2 * j] = v.x * sb;
-        sa[2 * j + 1] = v.y * sb;
-      }
-      gg_wait0();
-      gg_reg_fence(part0);
-      gg_reg_fence(part1);
-      if (lane == 0) mbar_arrive(&rempty[s]);
-#pragma unroll
-      for (int j = 0; j < kTN / 8; ++j)
-#pragma unroll
-        for (int h = 0; h < 2; ++h)
-#pragma unroll
-          for (int c = 0; c < 2; ++c) {
-            acc0[4 * j + 2 * h + c] =
-                fmaf(part0[4 * j + 2 * h + c], sa[2 * j + c], acc0[4 * j + 2 * h + c]);
-            acc1[4 * j + 2 * h + c] =
-                fmaf(part1[4 * j + 2 * h + c], sa[2 * j + c], acc1[4 * j + 2 * h + c]);
-          }
     }
 
     // ---- epilogue (this warpgroup; block 0's barrier ordered it after its previous tile's) ----
@@ -1137,38 +1163,42 @@ __global__ void __launch_bounds__(kGThreads, 1)
       s_w[cw][wtid] = row_w;
     }
     gg_bar(bar_id, 128);
-    const int n0 = g.nt * kGBN;
-    float bias_v[4] = {0.0f, 0.0f, 0.0f, 0.0f};  // weight rows wr, wr + 8, 64 + wr, 72 + wr
-    if (p.bias) {
 #pragma unroll
-      for (int h = 0; h < 4; ++h) {
-        const int64_t bi = int64_t(g.e) * p.N + n0 + 64 * (h >> 1) + wr + 8 * (h & 1);
-        bias_v[h] = p.bias_bf16 ? bf16_bits_to_float(static_cast<const uint16_t*>(p.bias)[bi])
-                                : static_cast<const float*>(p.bias)[bi];
-      }
-    }
+    for (int j = 0; j < kNB; ++j) {
+      const int n0 = (g.nt * kNB + j) * kGBN;
+      float bias_v[4] = {0.0f, 0.0f, 0.0f, 0.0f};  // weight rows wr, wr + 8, 64 + wr, 72 + wr
+      if (p.bias) {
 #pragma unroll
-    for (int j = 0; j < kTN / 8; ++j)
-#pragma unroll
-      for (int c = 0; c < 2; ++c) {
-        const int tok = 8 * j + 2 * q + c;
-        const float w = s_w[cw][tok];
-#pragma unroll
-        for (int h = 0; h < 2; ++h) {
-          my_out[tok * kGEpiPitch + wr + 8 * h] =
-              float_to_bf16_bits((acc0[4 * j + 2 * h + c] + bias_v[h]) * w);
-          my_out[tok * kGEpiPitch + 64 + wr + 8 * h] =
-              float_to_bf16_bits((acc1[4 * j + 2 * h + c] + bias_v[2 + h]) * w);
+        for (int h = 0; h < 4; ++h) {
+          const int64_t bi = int64_t(g.e) * p.N + n0 + 64 * (h >> 1) + wr + 8 * (h & 1);
+          bias_v[h] = p.bias_bf16 ? bf16_bits_to_float(static_cast<const uint16_t*>(p.bias)[bi])
+                                  : static_cast<const float*>(p.bias)[bi];
         }
       }
+#pragma unroll
+      for (int i = 0; i < kTN / 8; ++i)
+#pragma unroll
+        for (int c = 0; c < 2; ++c) {
+          const int tok = 8 * i + 2 * q + c;
+          const float w = s_w[cw][tok];
+#pragma unroll
+          for (int h = 0; h < 2; ++h) {
+            my_out[tok * C::kEpiPitch + j * kGBN + wr + 8 * h] =
+                float_to_bf16_bits((acc0[j][4 * i + 2 * h + c] + bias_v[h]) * w);
+            my_out[tok * C::kEpiPitch + j * kGBN + 64 + wr + 8 * h] =
+                float_to_bf16_bits((acc1[j][4 * i + 2 * h + c] + bias_v[2 + h]) * w);
+          }
+        }
+    }
     gg_bar(bar_id, 128);
-    // kTN rows x 256 bytes: 16 lanes per row
-    for (int i = wtid; i < kTN * 16; i += 128) {
-      const int r = i >> 4, c = i & 15;
+    // kTN rows x kNB * 256 bytes: 16 * kNB lanes per row
+    const int n0 = g.nt * C::kCols;
+    for (int i = wtid; i < kTN * 16 * kNB; i += 128) {
+      const int r = i / (16 * kNB), c = i % (16 * kNB);
       const int dst = s_dst[cw][r];
       if (dst < 0) continue;
       *reinterpret_cast<uint4*>(p.out + int64_t(dst) * p.out_stride + n0 + c * 8) =
-          *reinterpret_cast<const uint4*>(my_out + r * kGEpiPitch + c * 8);
+          *reinterpret_cast<const uint4*>(my_out + r * C::kEpiPitch + c * 8);
     }
   }
 }

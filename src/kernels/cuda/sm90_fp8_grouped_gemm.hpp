@@ -46,6 +46,9 @@ struct GroupedGemmParams {
   int32_t max_ctas = 0;
   // m-blocks per scheduling group of the tile order (n-blocks inside a group); 0 = 8.
   int32_t group_m = 0;
+  // Swapped kernels (tile_m 16 / 32 / 64): 128-row n-blocks per tile. 0 = FP8MOE_GROUPED_SWAP_NB
+  // when set, else the rule of grouped_swap_nb; 1, 2 or 4 ask for that many where it applies.
+  int32_t swap_nb = 0;
   int32_t N = 0, K = 0;  // multiples of 128
   int64_t a_rows = 0;    // rows of A (and of a_scale)
   // contiguous layout
@@ -128,6 +131,12 @@ int grouped_tile_n(const GroupedGemmParams& p);
 // Whether the 128 x 256 tile runs p with the asynchronous epilogue (see
 // GroupedGemmParams::epi_async); false for the other kernels.
 bool grouped_epi_async(const GroupedGemmParams& p);
+
+// The n-blocks per tile the swapped kernel runs p with (1, 2 or 4; see
+// GroupedGemmParams::swap_nb). More than 1 needs short K (K <= 1024: one scale chunk), N a multiple
+// of 128 times it, and tile_m 16 (2 or 4) or 32 (2); else 1. The rule (swap_nb 0, no environment):
+// 4 for K <= 256, 2 for K <= 512, else 1 (then reduced as above).
+int grouped_swap_nb(const GroupedGemmParams& p);
 
 // The m-block of the swapped-operand kernel for `rows_per_expert` rows per expert on average
 // (16, 32, 64; 128 above 64 rows).
