@@ -190,9 +190,9 @@ void expect_tile_n(const cuda::GroupedGemmParams& p, const GemmTile& t) {
   if (t.tm != 128) {
     // n-blocks per swapped tile: as asked (nb 0: the rule, 4 for K <= 256, 2 for K <= 512, else
     // 1) where K fits one scale chunk (<= 8 K blocks) and N holds whole tiles, halved until it
-    // does, else 1 (64-token tiles: 1; 32: at most 2)
+    // does, else 1 (32- and 64-token tiles: at most 2)
     const int ask = t.nb ? t.nb : (p.K <= 256 ? 4 : (p.K <= 512 ? 2 : 1));
-    int nb = t.tm <= 32 && p.K <= 1024 ? (t.tm == 32 ? std::min(ask, 2) : ask) : 1;
+    int nb = p.K <= 1024 ? (t.tm >= 32 ? std::min(ask, 2) : ask) : 1;
     while (nb > 1 && p.N % (128 * nb) != 0) nb /= 2;
     if (t.nb > 0 || !std::getenv("FP8MOE_GROUPED_SWAP_NB")) {
       EXPECT_EQ(cuda::grouped_swap_nb(p), nb) << "N " << p.N << " K " << p.K;
@@ -366,7 +366,8 @@ INSTANTIATE_TEST_SUITE_P(TileM, CudaGroupedGemm,
                                            GemmTile{16, 0}, GemmTile{32, 0}, GemmTile{64, 0},
                                            GemmTile{16, 0, -1, 0, 1}, GemmTile{16, 0, -1, 0, 2},
                                            GemmTile{16, 0, -1, 0, 4}, GemmTile{32, 0, -1, 0, 1},
-                                           GemmTile{32, 0, -1, 0, 2}),
+                                           GemmTile{32, 0, -1, 0, 2}, GemmTile{64, 0, -1, 0, 1},
+                                           GemmTile{64, 0, -1, 0, 2}),
                          [](const auto& info) { return tile_name(info.param); });
 
 // Long and short K: the swapped kernels copy the tile's scales to shared memory in chunks of 64 K
@@ -396,7 +397,7 @@ TEST(CudaGroupedGemmLongK, MoreThan128KBlocksExactBitwise) {
            {GemmTile{128, 256, 0}, GemmTile{128, 256, 1}, GemmTile{128, 256, 0, 1},
             GemmTile{128, 256, 1, 1}, GemmTile{16, 0}, GemmTile{32, 0}, GemmTile{64, 0},
             GemmTile{16, 0, -1, 0, 1}, GemmTile{16, 0, -1, 0, 2}, GemmTile{16, 0, -1, 0, 4},
-            GemmTile{32, 0, -1, 0, 2}}) {
+            GemmTile{32, 0, -1, 0, 2}, GemmTile{64, 0, -1, 0, 2}}) {
         const int tm = tile.tm;
         int num_valid = counts[0] + counts[1];
         std::vector<int32_t> perm(num_valid);

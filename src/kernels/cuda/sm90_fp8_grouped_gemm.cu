@@ -135,14 +135,16 @@ int grouped_swap_nb(const GroupedGemmParams& p) {
   }();
   if (p.swap_nb != 0 && p.swap_nb != 1 && p.swap_nb != 2 && p.swap_nb != 4)
     throw ValueError("grouped GEMM: swap_nb must be 0, 1, 2 or 4");
-  if (p.tile_m != 16 && p.tile_m != 32) return 1;
+  if (p.tile_m != 16 && p.tile_m != 32 && p.tile_m != 64) return 1;
   int want = p.swap_nb ? p.swap_nb : env;
   // The rule: the shorter K, the more a tile's fixed work weighs: 4 n-blocks at <= 2 K blocks, 2 at
-  // <= 4. Measured on the H200 (docs/PERFORMANCE.md, grouped run 10; layer at M = 8-128, GEMM2 of
-  // K = 256 / 384): 4 against 1 at K = 256 0.91-0.96 (DeepSeek TP8) and 0.95-0.98 (Qwen3-Next), 2
-  // at K = 384 0.97-1.00 (MiniMax, Qwen3-235B), where 4 was no better than 1.
+  // <= 4 (32- and 64-token tiles: 2). Measured on the H200 (docs/PERFORMANCE.md, grouped run 10;
+  // the layer, whose GEMM2 has K = 256 / 384 on these shapes): against 1 n-block, 0.87-0.96 on
+  // DeepSeek TP8 and 0.89-0.98 on Qwen3-Next (K = 256) at M = 8-2048, 0.90-1.00 on MiniMax and
+  // Qwen3-235B (K = 384, where 4 n-blocks were no better than 1); GEMM-only at 64 rows per expert
+  // 0.74-0.84.
   if (want == 0) want = p.K <= 2 * kGBK ? 4 : (p.K <= 4 * kGBK ? 2 : 1);
-  if (p.tile_m == 32 && want > 2) want = 2;
+  if (p.tile_m >= 32 && want > 2) want = 2;
   // one scale chunk (SwapCfg<kTN, kNB>::kScaleKb K blocks) and whole tiles of n-blocks
   while (want > 1 && (p.K / kGBK > SwapCfg<16, 2>::kScaleKb || p.N % (kGBN * want) != 0)) want /= 2;
   return want;
@@ -204,6 +206,7 @@ void launch_grouped_gemm(const GroupedGemmParams& p, const uint8_t* a, const uin
       if (grouped_swap_nb(p) == 2) return launch_swap<32, 2>(p, a, b, b_rows, max_m_blocks, stream);
       return launch_swap<32, 1>(p, a, b, b_rows, max_m_blocks, stream);
     case 64:
+      if (grouped_swap_nb(p) == 2) return launch_swap<64, 2>(p, a, b, b_rows, max_m_blocks, stream);
       return launch_swap<64, 1>(p, a, b, b_rows, max_m_blocks, stream);
     case 128:
       break;

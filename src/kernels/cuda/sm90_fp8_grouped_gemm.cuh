@@ -930,6 +930,8 @@ static_assert(SwapCfg<16>::kSmemBytes + 2 * 2 * 16 * 8 <= 227 * 1024,
               "swapped tile: shared memory");
 static_assert(SwapCfg<32, 2>::kSmemBytes + 2 * 2 * 32 * 8 <= 227 * 1024,
               "swapped tile: shared memory");
+static_assert(SwapCfg<64, 2>::kSmemBytes + 2 * 2 * 64 * 8 <= 227 * 1024,
+              "swapped tile: shared memory");
 static_assert(SwapCfg<16, 4>::kSmemBytes + 2 * 2 * 16 * 8 <= 227 * 1024,
               "swapped tile: shared memory");
 static_assert(SwapCfg<16>::kStageBytes % 1024 == 0 && SwapCfg<32>::kStageBytes % 1024 == 0 &&

@@ -134,8 +134,8 @@ bool grouped_epi_async(const GroupedGemmParams& p);
 
 // The n-blocks per tile the swapped kernel runs p with (1, 2 or 4; see
 // GroupedGemmParams::swap_nb). More than 1 needs short K (K <= 1024: one scale chunk), N a multiple
-// of 128 times it, and tile_m 16 (2 or 4) or 32 (2); else 1. The rule (swap_nb 0, no environment):
-// 4 for K <= 256, 2 for K <= 512, else 1 (then reduced as above).
+// of 128 times it, and tile_m 16 (2 or 4) or 32 / 64 (2); else 1. The rule (swap_nb 0, no
+// environment): 4 for K <= 256, 2 for K <= 512, else 1 (then reduced as above).
 int grouped_swap_nb(const GroupedGemmParams& p);
 
 // The m-block of the swapped-operand kernel for `rows_per_expert` rows per expert on average
