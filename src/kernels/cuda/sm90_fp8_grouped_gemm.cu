@@ -138,11 +138,11 @@ int grouped_swap_nb(const GroupedGemmParams& p) {
   if (p.tile_m != 16 && p.tile_m != 32 && p.tile_m != 64) return 1;
   int want = p.swap_nb ? p.swap_nb : env;
   // The rule: the shorter K, the more a tile's fixed work weighs: 4 n-blocks at <= 2 K blocks, 2 at
-  // <= 4 (32- and 64-token tiles: 2). Measured on the H200 (docs/PERFORMANCE.md, grouped run 10;
-  // the layer, whose GEMM2 has K = 256 / 384 on these shapes): against 1 n-block, 0.87-0.96 on
-  // DeepSeek TP8 and 0.89-0.98 on Qwen3-Next (K = 256) at M = 8-2048, 0.90-1.00 on MiniMax and
-  // Qwen3-235B (K = 384, where 4 n-blocks were no better than 1); GEMM-only at 64 rows per expert
-  // 0.74-0.84.
+  // <= 4 (32- and 64-token tiles: 2). Measured on the H200 (docs/PERFORMANCE.md, grouped run 10,
+  // call 8, against one n-block with the same kernel code): GEMM-only GEMM2 of DeepSeek TP8 (K =
+  // 256) 0.87 / 0.96 at 64 rows per expert (contiguous / masked), 1.00 / 0.93 at 16; the layer at
+  // M = 2048 0.94 (DeepSeek TP8) and 0.96 (Qwen3-Next), at M = 32 0.97 / 1.01. (Its calls 3-5
+  // compared against a slower scale copy, since fixed, and overstate the gain.)
   if (want == 0) want = p.K <= 2 * kGBK ? 4 : (p.K <= 4 * kGBK ? 2 : 1);
   if (p.tile_m >= 32 && want > 2) want = 2;
   // one scale chunk (SwapCfg<kTN, kNB>::kScaleKb K blocks) and whole tiles of n-blocks

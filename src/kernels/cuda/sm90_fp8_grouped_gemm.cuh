@@ -1045,18 +1045,18 @@ __global__ void __launch_bounds__(kGThreads, 1)
   uint16_t* my_out = stage_out + cw * kTN * C::kEpiPitch;
   float* my_sc = s_sc + cw * 2 * C::kScaleFloats;
   // Scales of K blocks [kb, kb + n) of tile g into buffer buf (cp.async by this warpgroup, one
-  // commit group; rows past A's end read 0: never stored). Warp w copies token rows w, w + 4, ...
-  // with its lanes on the K blocks (no division by n).
+  // commit group; rows past A's end read 0: never stored). Element i is token row i % kTN of K
+  // block i / kTN (kTN a power of two: no division; ceil(n kTN / 128) copies per thread).
   auto copy_scales = [&](const GTile& g, int kb, float* buf) {
     const int n = min(C::kScaleKb, num_kb - kb);
-    for (int tr = warp; tr < kTN; tr += 4) {
+    for (int i = wtid; i < n * kTN; i += 128) {
+      const int c = i / kTN, tr = i % kTN;
       const int64_t row = int64_t(g.row0) + tr;
       const bool ok = row < p.a_rows;
-      const float* src =
-          ok ? p.a_scale + row * p.a_scale_stride + int64_t(kb) * p.a_scale_kb : p.a_scale;
-      for (int c = lane; c < n; c += 32)
-        gg_cp_async_4(buf + c * kTN + tr, ok ? src + int64_t(c) * p.a_scale_kb : p.a_scale,
-                      ok ? 4 : 0);
+      gg_cp_async_4(
+          buf + c * kTN + tr,
+          ok ? p.a_scale + row * p.a_scale_stride + int64_t(kb + c) * p.a_scale_kb : p.a_scale,
+          ok ? 4 : 0);
     }
 #pragma unroll
     for (int j = 0; j < kNB; ++j) {
