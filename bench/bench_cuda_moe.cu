@@ -438,14 +438,19 @@ int main(int argc, char** argv) {
       };
       if (!tune_file.empty()) {
         // candidates, timed on the full layer (a few replays each)
+        // (the grouped path also with 1, 2 and 4 n-blocks per swapped tile where its GEMM2 has
+        // K = I <= 1024, beside the kernels' rule: GroupedGemmParams::swap_nb)
         struct Cand {
           cuda::Path path;
           const char* name;
+          int swap_nb = 0;
         };
-        const Cand cands[] = {{cuda::Path::kGeneric, "generic"},
-                              {cuda::Path::kWgmma, "wgmma"},
-                              {cuda::Path::kStream, "stream"},
-                              {cuda::Path::kGrouped, "grouped"}};
+        std::vector<Cand> cands = {{cuda::Path::kGeneric, "generic"},
+                                   {cuda::Path::kWgmma, "wgmma"},
+                                   {cuda::Path::kStream, "stream"},
+                                   {cuda::Path::kGrouped, "grouped"}};
+        if (I <= 1024)
+          for (const int nb : {1, 2, 4}) cands.push_back({cuda::Path::kGrouped, "grouped", nb});
         float best_us = 1e30f;
         cuda::TunedConfig best;
         for (const Cand& c : cands) {
@@ -454,7 +459,7 @@ int main(int argc, char** argv) {
           // the choice reaches the library through the table, as in production
           cuda::TuningEntry te;
           te.key = {dev, E, I, H, k, a0.scheme.str()};
-          te.by_bucket.push_back({cuda::tuning_bucket(M), cuda::TunedConfig{c.name}});
+          te.by_bucket.push_back({cuda::tuning_bucket(M), cuda::TunedConfig{c.name, c.swap_nb}});
           cuda::set_tuning_table({te});
           cuda::set_path_override(cuda::Path::kAuto);
           size_t need = impl.workspace_size(a0);
@@ -476,13 +481,15 @@ int main(int argc, char** argv) {
                      7) /
                  L;
           } catch (const std::exception& e) {
-            std::printf("tune %s M=%lld %s: %s\n", sh.name, (long long)M, c.name, e.what());
+            std::printf("tune %s M=%lld %s nb %d: %s\n", sh.name, (long long)M, c.name, c.swap_nb,
+                        e.what());
             continue;
           }
-          std::printf("tune %-20s M=%-5lld %-8s %9.1f us\n", sh.name, (long long)M, c.name, us);
+          std::printf("tune %-20s M=%-5lld %-8s nb %d %9.1f us\n", sh.name, (long long)M, c.name,
+                      c.swap_nb, us);
           if (us < best_us) {
             best_us = us;
-            best = cuda::TunedConfig{c.name};
+            best = cuda::TunedConfig{c.name, c.swap_nb};
           }
         }
         cuda::set_tuning_table({});

@@ -8,7 +8,9 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstdio>
 #include <cstring>
+#include <fstream>
 #include <random>
 #include <string>
 #include <vector>
@@ -18,6 +20,7 @@
 #include "fp8moe/error.hpp"
 #include "fp8moe/numerics.hpp"
 #include "kernels/cuda/fused_moe_cuda.hpp"
+#include "kernels/cuda/moe_tuning.hpp"
 #include "kernels/registry.hpp"
 
 namespace fp8moe {
@@ -641,6 +644,136 @@ TEST(CudaFusedMoe, DeterministicAcrossRuns) {  // pitfall 35 (run to run only)
     const RunResult a = run_on_device(cuda::fused_impl(), p, path);
     const RunResult b = run_on_device(cuda::fused_impl(), p, path);
     EXPECT_TRUE(testing::compare_bitwise(a.out_host, b.out_host).ok) << cuda::path_name(path);
+  }
+}
+
+// ---- the tuning table (bench_cuda_moe --tune writes it, FP8MOE_CUDA_TUNING names it) ----------
+
+// Empties the loaded table when a test ends.
+struct TuningGuard {
+  ~TuningGuard() { cuda::set_tuning_table({}); }
+};
+
+std::string write_text(const std::string& name, const std::string& text) {
+  const std::string f = ::testing::TempDir() + name;
+  std::ofstream(f) << text;
+  return f;
+}
+
+// Runs anywhere: the M buckets, a write / read round trip, the lookup, and bad files as clear
+// errors naming the file, the entry and what was expected.
+TEST(CudaTuningTable, RoundTripLookupAndBadFiles) {
+  TuningGuard guard;
+  EXPECT_EQ(cuda::tuning_bucket(0), 1);
+  EXPECT_EQ(cuda::tuning_bucket(3), 2);  // ties to the smaller bucket
+  EXPECT_EQ(cuda::tuning_bucket(20), 16);
+  EXPECT_EQ(cuda::tuning_bucket(23), 24);
+  EXPECT_EQ(cuda::tuning_bucket(100000), 8192);
+  const cuda::TuningKey key{"NVIDIA H200", 256, 256, 7168, 8, "w8a8 block 128x128"};
+  cuda::TuningEntry e{key, {}};
+  e.by_bucket = {{1, cuda::TunedConfig{"single"}},
+                 {8, cuda::TunedConfig{"grouped", 4}},
+                 {2048, cuda::TunedConfig{"grouped"}}};
+  const std::string f = ::testing::TempDir() + "fp8moe_tuning_roundtrip.json";
+  cuda::write_tuning_file(f, {e});
+  const std::vector<cuda::TuningEntry> back = cuda::read_tuning_file(f);
+  ASSERT_EQ(back.size(), 1u);
+  EXPECT_EQ(back[0].key.device, key.device);
+  EXPECT_EQ(back[0].key.E, 256);
+  EXPECT_EQ(back[0].key.N, 256);
+  EXPECT_EQ(back[0].key.K, 7168);
+  EXPECT_EQ(back[0].key.topk, 8);
+  EXPECT_EQ(back[0].key.scheme, key.scheme);
+  ASSERT_EQ(back[0].by_bucket.size(), 3u);
+  for (const auto& [b, c] : back[0].by_bucket) {
+    if (b == 1) {
+      EXPECT_EQ(c.path, "single");
+    }
+    if (b == 8) {
+      EXPECT_EQ(c.path, "grouped");
+      EXPECT_EQ(c.swap_nb, 4);
+    }
+    if (b == 2048) {
+      EXPECT_EQ(c.path, "grouped");
+      EXPECT_EQ(c.swap_nb, 0);
+    }
+  }
+  cuda::set_tuning_table(back);
+  const auto at7 = cuda::tuned_config(key, 7);  // bucket 8
+  ASSERT_TRUE(at7.has_value());
+  EXPECT_EQ(at7->path, "grouped");
+  EXPECT_EQ(at7->swap_nb, 4);
+  const auto at3000 = cuda::tuned_config(key, 3000);  // bucket 2048
+  ASSERT_TRUE(at3000.has_value());
+  EXPECT_EQ(at3000->swap_nb, 0);
+  EXPECT_FALSE(cuda::tuned_config(key, 100).has_value());  // bucket 96: no entry
+  cuda::TuningKey other = key;
+  other.K = 4096;
+  EXPECT_FALSE(cuda::tuned_config(other, 8).has_value());
+  std::remove(f.c_str());
+
+  const std::string head =
+      R"({"format": "fp8moe-cuda-tuning-1", "entries": [{"device": "d", "E": 8, "N": 256, )"
+      R"("K": 512, "topk": 2, "scheme": "s", "configs": )";
+  struct Bad {
+    const char* name;
+    std::string text;
+    const char* says;
+  };
+  const Bad bad[] = {
+      {"not_json", "{ nope", "not JSON"},
+      {"format", R"({"format": "other", "entries": []})", "expected {\"format\""},
+      {"bucket", head + R"({"100": {"path": "grouped"}}}]})", "M bucket '100' is not one of"},
+      {"decode", head + R"({"8": {"path": "decode"}}}]})", "'decode' was removed"},
+      {"path", head + R"({"8": {"path": "fast"}}}]})", "unknown path 'fast'"},
+      {"nb", head + R"({"8": {"path": "grouped", "swap_nb": 3}}}]})", "swap_nb 3 is not 1, 2 or 4"},
+      {"nb_path", head + R"({"8": {"path": "stream", "swap_nb": 2}}}]})",
+       "swap_nb belongs to the grouped path"},
+      {"missing", R"({"format": "fp8moe-cuda-tuning-1", "entries": [{"device": "d"}]})", "entry 0"},
+  };
+  for (const Bad& b : bad) {
+    const std::string file =
+        write_text(std::string("fp8moe_tuning_bad_") + b.name + ".json", b.text);
+    try {
+      cuda::read_tuning_file(file);
+      ADD_FAILURE() << b.name << ": no error";
+    } catch (const FormatError& err) {
+      const std::string what = err.what();
+      EXPECT_NE(what.find(file), std::string::npos) << b.name << ": " << what;
+      EXPECT_NE(what.find(b.says), std::string::npos) << b.name << ": " << what;
+    }
+    std::remove(file.c_str());
+  }
+  EXPECT_THROW(cuda::read_tuning_file(::testing::TempDir() + "fp8moe_no_such_tuning.json"),
+               FormatError);
+}
+
+// A tuned entry reaches the grouped path: its explanation names the table and the n-blocks per
+// swapped tile, and 1, 2 and 4 n-blocks give the same bits as the kernels' own rule (I = 256: the
+// swapped GEMM2 has K = 256).
+TEST(CudaTuningTable, GroupedEntryWithSwapNb) {
+  SKIP_WITHOUT_GPU();
+  TuningGuard guard;
+  MoeTestSpec s = base_stat(32, 64, 1024, 256, 8, 5);
+  s.routing_config.method = RoutingMethodType::kRenormalizeNaive;
+  const MoeTestProblem p = testing::make_problem(s);
+  MoeTestProblem d = p.to(Device::cuda());
+  if (!cuda::path_limit(Path::kGrouped, d.args()).empty()) GTEST_SKIP() << "no grouped path here";
+  const RunResult rule = run_on_device(cuda::fused_impl(), p, Path::kGrouped);
+  const cuda::TuningKey key{cuda::device_name(), 64, 256, 1024, 8, d.args().scheme.str()};
+  for (const int nb : {1, 2, 4}) {
+    cuda::TuningEntry e{key, {}};
+    e.by_bucket = {{cuda::tuning_bucket(32), cuda::TunedConfig{"grouped", nb}}};
+    cuda::set_tuning_table({e});
+    EXPECT_EQ(cuda::choose_path(d.args()), Path::kGrouped);
+    const std::string how = cuda::fused_impl().describe_call(d.args());
+    EXPECT_NE(how.find("tuned table"), std::string::npos) << how;
+    EXPECT_NE(how.find(std::to_string(nb) + " n-blocks per swapped tile"), std::string::npos)
+        << how;
+    const RunResult r = run_on_device(cuda::fused_impl(), p, Path::kAuto);
+    EXPECT_TRUE(r.canaries_ok);
+    EXPECT_TRUE(r.all_written) << r.write_message;
+    EXPECT_TRUE(testing::compare_bitwise(rule.out_host, r.out_host).ok) << "swap_nb " << nb;
   }
 }
 

@@ -144,8 +144,10 @@ std::optional<TunedConfig> lookup(const MoeProblem& p) {
 }
 
 // The path run() takes; with `why`, also the reason in words (formatted only then: run() calls
-// this on every forward).
-Path choose(const MoeProblem& p, std::string* why = nullptr) {
+// this on every forward); with `swap_nb`, the tuned table's n-blocks per swapped grouped tile (0
+// when the table gives none or another path).
+Path choose(const MoeProblem& p, std::string* why = nullptr, int* swap_nb = nullptr) {
+  if (swap_nb) *swap_nb = 0;
   const Path forced = path_override();
   if (forced != Path::kAuto) {
     if (why) *why = g_override.load() >= 0 ? "forced by the caller" : "FP8MOE_CUDA_PATH";
@@ -161,9 +163,13 @@ Path choose(const MoeProblem& p, std::string* why = nullptr) {
         (t == Path::kStream && stream_path_limit(p).empty()) ||
         (t == Path::kGrouped && grouped_path_limit(p).empty()) ||
         (t == Path::kSingle && single_path_limit(p).empty())) {
+      if (t == Path::kGrouped && swap_nb) *swap_nb = cfg->swap_nb;
       if (why)
-        *why = fmt::format("tuned table (FP8MOE_CUDA_TUNING): {} E={} N={} K={} M bucket {}",
-                           device_name(), p.E, p.I, p.H, tuning_bucket(p.M));
+        *why = fmt::format("tuned table (FP8MOE_CUDA_TUNING): {} E={} N={} K={} M bucket {}{}",
+                           device_name(), p.E, p.I, p.H, tuning_bucket(p.M),
+                           t == Path::kGrouped && cfg->swap_nb
+                               ? fmt::format(", {} n-blocks per swapped tile", cfg->swap_nb)
+                               : std::string());
       return t;
     }
   }
@@ -578,7 +584,8 @@ void run(const FusedMoeArgs& args, void* workspace) {
   const MoeProblem p = make_problem(args);
   if (p.M == 0) return;
   if (!workspace) throw ValueError("cuda_fused: workspace is null (see workspace_size)");
-  const Path path = choose(p);
+  int swap_nb = 0;
+  const Path path = choose(p, nullptr, &swap_nb);
   switch (path) {
     case Path::kWgmma: {
       const std::string why = wgmma_path_limit(p);
@@ -597,7 +604,13 @@ void run(const FusedMoeArgs& args, void* workspace) {
       if (!why.empty()) throw NotImplementedError("cuda_fused grouped path: " + why);
       if (g_gemm_only.load())
         throw NotImplementedError("cuda_fused grouped path: no GEMM-only benchmark mode");
-      run_grouped_problem(p, workspace);
+      if (swap_nb) {
+        MoeProblem q = p;
+        q.swap_nb = swap_nb;
+        run_grouped_problem(q, workspace);
+      } else {
+        run_grouped_problem(p, workspace);
+      }
       return;
     }
     case Path::kSingle: {

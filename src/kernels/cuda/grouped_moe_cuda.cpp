@@ -165,6 +165,7 @@ GroupedGemmParams gemm_params(const MoeProblem& p, const WeightSide& w, int64_t 
   g.b_scale_kb = block ? 1 : 0;
   g.bias = w.bias;
   g.bias_bf16 = w.bias_bf16;
+  g.swap_nb = p.swap_nb;
   return g;
 }
 

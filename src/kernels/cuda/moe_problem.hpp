@@ -41,6 +41,9 @@ struct MoeProblem {
   ActParams ap{};
   cudaStream_t stream = nullptr;
   std::string scheme;  // MoeScheme::str(), the tuning table's key
+  // The grouped path's swapped kernels: n-blocks per tile from the tuning table (0 = the kernels'
+  // rule; GroupedGemmParams::swap_nb).
+  int swap_nb = 0;
 
   // scale columns per activation row (group: cols / gk; token: 1; tensor: 0)
   int64_t a_scale_cols(int64_t cols, AQuant q) const {

@@ -2,6 +2,7 @@
 #include "moe_tuning.hpp"
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include <cstdlib>
 #include <fstream>
@@ -85,6 +86,7 @@ std::vector<TuningEntry> read_tuning_file(const std::string& file) {
     throw FormatError(fmt::format(
         "tuning file {}: expected {{\"format\": \"{}\", \"entries\": [...]}}", file, kFormat));
   std::vector<TuningEntry> out;
+  size_t index = 0;
   try {
     for (const auto& je : j.at("entries")) {
       TuningEntry e;
@@ -95,6 +97,13 @@ std::vector<TuningEntry> read_tuning_file(const std::string& file) {
       e.key.topk = je.at("topk").get<int64_t>();
       e.key.scheme = je.at("scheme").get<std::string>();
       for (const auto& [m, jc] : je.at("configs").items()) {
+        const auto& buckets = tuning_m_buckets();
+        int64_t bucket = -1;
+        for (int64_t b : buckets)
+          if (m == std::to_string(b)) bucket = b;
+        if (bucket < 0)
+          throw FormatError(fmt::format("M bucket '{}' is not one of {}", m,
+                                        fmt::join(buckets.begin(), buckets.end(), ", ")));
         TunedConfig c;
         c.path = jc.at("path").get<std::string>();
         if (c.path == "decode")  // the persistent decode path is gone (slower than stream)
@@ -102,15 +111,28 @@ std::vector<TuningEntry> read_tuning_file(const std::string& file) {
               "path 'decode' was removed; re-run bench_cuda_moe --tune to rewrite the table");
         if (c.path != "generic" && c.path != "wgmma" && c.path != "stream" && c.path != "grouped" &&
             c.path != "single")
-          throw FormatError(fmt::format("unknown path '{}'", c.path));
-        e.by_bucket.emplace_back(std::stoll(m), c);
+          throw FormatError(
+              fmt::format("M bucket {}: unknown path '{}' (expected generic, "
+                          "wgmma, stream, grouped or single)",
+                          m, c.path));
+        if (jc.contains("swap_nb")) {
+          c.swap_nb = jc.at("swap_nb").get<int>();
+          if (c.path != "grouped")
+            throw FormatError(fmt::format(
+                "M bucket {}: swap_nb belongs to the grouped path, not '{}'", m, c.path));
+          if (c.swap_nb != 1 && c.swap_nb != 2 && c.swap_nb != 4)
+            throw FormatError(
+                fmt::format("M bucket {}: swap_nb {} is not 1, 2 or 4", m, c.swap_nb));
+        }
+        e.by_bucket.emplace_back(bucket, c);
       }
       out.push_back(std::move(e));
+      ++index;
     }
   } catch (const FormatError& e) {
-    throw FormatError(fmt::format("tuning file {}: {}", file, e.what()));
+    throw FormatError(fmt::format("tuning file {}, entry {}: {}", file, index, e.what()));
   } catch (const std::exception& e) {
-    throw FormatError(fmt::format("tuning file {}: {}", file, e.what()));
+    throw FormatError(fmt::format("tuning file {}, entry {}: {}", file, index, e.what()));
   }
   return out;
 }
@@ -131,6 +153,7 @@ void write_tuning_file(const std::string& file, const std::vector<TuningEntry>& 
     for (const auto& [b, c] : e.by_bucket) {
       nlohmann::json x;
       x["path"] = c.path;
+      if (c.swap_nb != 0) x["swap_nb"] = c.swap_nb;
       jc[std::to_string(b)] = x;
     }
     je["configs"] = jc;

@@ -14,6 +14,9 @@ namespace fp8moe::cuda {
 
 struct TunedConfig {
   std::string path;  // "generic", "wgmma", "stream", "grouped", "single"
+  // "grouped" only: 128-row n-blocks per tile of the swapped grouped kernels (1, 2 or 4;
+  // GroupedGemmParams::swap_nb, applied where K and N allow it); 0 = the kernels' rule.
+  int swap_nb = 0;
 };
 
 struct TuningKey {
@@ -30,7 +33,10 @@ int64_t tuning_bucket(int64_t M);
 // Looks up the table loaded from FP8MOE_CUDA_TUNING (nullopt: no file, no entry).
 std::optional<TunedConfig> tuned_config(const TuningKey& key, int64_t M);
 
-// Table I/O (the tuning command writes, the library reads). Throws FormatError on a bad file.
+// Table I/O (the tuning command writes, the library reads). Throws FormatError on a bad file
+// (naming the file, the entry and what was expected): not JSON, another format, a missing key, an
+// M bucket that is not one of tuning_m_buckets(), an unknown path, a swap_nb other than 1 / 2 / 4
+// or on a path other than "grouped".
 struct TuningEntry {
   TuningKey key;
   std::vector<std::pair<int64_t, TunedConfig>> by_bucket;
