@@ -1096,36 +1096,26 @@ TEST(CudaGroupedSelection, RegistryLimitsAndShapeRule) {
   // the swapped kernels' n-blocks per tile: the rule (4 for K <= 256, 2 for K <= 512, else 1; 32-
   // and 64-token tiles at most 2), halved until N holds whole tiles; 1 beyond one scale chunk (K >
   // 1024) and for the 128-row kernel; an unknown count is a clear error
+  struct NbCase {
+    int tile_m, N, K, ask, want;  // ask 0: the rule
+  };
+  const bool rule = std::getenv("FP8MOE_GROUPED_SWAP_NB") == nullptr;
+  for (const NbCase c :
+       {NbCase{16, 7168, 256, 0, 4}, NbCase{16, 7168, 384, 0, 2}, NbCase{16, 7168, 768, 0, 1},
+        NbCase{16, 384, 256, 0, 1}, NbCase{16, 768, 256, 0, 2}, NbCase{64, 7168, 256, 0, 2},
+        NbCase{128, 7168, 256, 0, 1}, NbCase{16, 7168, 1024, 4, 4}, NbCase{16, 7168, 1152, 4, 1},
+        NbCase{32, 7168, 256, 4, 2}}) {
+    if (c.ask == 0 && !rule) continue;
+    cuda::GroupedGemmParams sp;
+    sp.tile_m = c.tile_m;
+    sp.N = c.N;
+    sp.K = c.K;
+    sp.swap_nb = c.ask;
+    EXPECT_EQ(cuda::grouped_swap_nb(sp), c.want)
+        << "tile_m " << c.tile_m << " N " << c.N << " K " << c.K << " asked " << c.ask;
+  }
   cuda::GroupedGemmParams sp;
   sp.tile_m = 16;
-  sp.N = 7168;
-  if (std::getenv("FP8MOE_GROUPED_SWAP_NB") == nullptr) {
-    sp.K = 256;
-    EXPECT_EQ(cuda::grouped_swap_nb(sp), 4);
-    sp.K = 384;
-    EXPECT_EQ(cuda::grouped_swap_nb(sp), 2);
-    sp.K = 768;
-    EXPECT_EQ(cuda::grouped_swap_nb(sp), 1);
-    sp.K = 256;
-    sp.N = 384;  // three n-blocks
-    EXPECT_EQ(cuda::grouped_swap_nb(sp), 1);
-    sp.N = 768;  // six: pairs
-    EXPECT_EQ(cuda::grouped_swap_nb(sp), 2);
-    sp.N = 7168;
-    sp.tile_m = 64;
-    EXPECT_EQ(cuda::grouped_swap_nb(sp), 2);
-    sp.tile_m = 128;
-    EXPECT_EQ(cuda::grouped_swap_nb(sp), 1);
-    sp.tile_m = 16;
-  }
-  sp.swap_nb = 4;
-  sp.K = 1024;  // eight K blocks: one scale chunk
-  EXPECT_EQ(cuda::grouped_swap_nb(sp), 4);
-  sp.K = 1152;
-  EXPECT_EQ(cuda::grouped_swap_nb(sp), 1);
-  sp.tile_m = 32;
-  sp.K = 256;
-  EXPECT_EQ(cuda::grouped_swap_nb(sp), 2);
   sp.swap_nb = 3;
   EXPECT_THROW(cuda::grouped_swap_nb(sp), ValueError);
   // supports_config: B128 FP8 only
