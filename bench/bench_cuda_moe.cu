@@ -11,7 +11,8 @@
 //
 //   bench_cuda_moe [--quick] [--csv FILE] [--shape NAME[,NAME...]] [--m LIST] [--path
 //   auto|generic|wgmma|stream|grouped|single[,...]]   (a list measures each path that takes the
-//   problem)
+//   problem) [--tune FILE]   (times every path, and the grouped path's n-blocks per swapped tile,
+//   on each shape and M first, and writes the fastest per M bucket to FILE: FP8MOE_CUDA_TUNING)
 #include <cublasLt.h>
 #include <cuda_runtime.h>
 
@@ -268,6 +269,8 @@ int main(int argc, char** argv) {
       only_shape = argv[++i];
     else if (a == "--path" && i + 1 < argc)
       path_arg = argv[++i];
+    else if (a == "--tune" && i + 1 < argc)
+      tune_file = argv[++i];
     else if (a == "--m" && i + 1 < argc) {
       Ms.clear();
       std::string s = argv[++i];
@@ -448,7 +451,8 @@ int main(int argc, char** argv) {
         std::vector<Cand> cands = {{cuda::Path::kGeneric, "generic"},
                                    {cuda::Path::kWgmma, "wgmma"},
                                    {cuda::Path::kStream, "stream"},
-                                   {cuda::Path::kGrouped, "grouped"}};
+                                   {cuda::Path::kGrouped, "grouped"},
+                                   {cuda::Path::kSingle, "single"}};
         if (I <= 1024)
           for (const int nb : {1, 2, 4}) cands.push_back({cuda::Path::kGrouped, "grouped", nb});
         float best_us = 1e30f;
