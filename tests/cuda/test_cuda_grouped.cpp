@@ -464,8 +464,9 @@ TEST(CudaGroupedGemmLongK, MoreThan128KBlocksExactBitwise) {
     }
 }
 
-// GEMM1 with the fused activation + 1x128 quantisation epilogue (fuse_act, the 256 tile with
-// paired gate/up halves), and launch_act_quant (the grouped chain's activation + quantisation in
+// GEMM1 with the fused activation + 1x128 quantisation epilogue (fuse_act: the 256 tile with
+// paired gate/up halves, or the 16-token swapped kernel with paired gate/up n-blocks: tm 16), and
+// launch_act_quant (the grouped chain's activation + quantisation in
 // one kernel) on GEMM1's bf16 output, against the two-kernel chain on the same device (GEMM1 with
 // bf16 output, launch_activation, launch_quant): q and the group scales must be bitwise equal, on
 // random non-exact data, for several activations, the fused SiLU+quant semantics (h in f32, scale
@@ -475,6 +476,8 @@ struct FuseCase {
   std::string name;
   cuda::Act act;
   bool limit, fp32_silu, ue8m0, bias, masked;
+  int tm = 128;  // m-block: 128 (the 256 tile) or 16 (the swapped kernel)
+  int K = 384;
 };
 
 class CudaGroupedFusedAct : public ::testing::TestWithParam<FuseCase> {};
@@ -483,7 +486,7 @@ TEST_P(CudaGroupedFusedAct, BitwiseEqualToTheUnfusedChain) {
   SKIP_WITHOUT_SM90();
   const FuseCase& fc = GetParam();
   std::mt19937 rng(77);
-  const int E = 4, I = 256, N = 2 * I, K = 384;
+  const int E = 4, I = 256, N = 2 * I, K = fc.K, tm = fc.tm;
   std::normal_distribution<float> nd(0.0f, 1.5f);
   std::uniform_real_distribution<float> ud(0.5f, 2.0f);
   HostGemm g{E, N, K, {}, {}, {}};
@@ -495,7 +498,7 @@ TEST_P(CudaGroupedFusedAct, BitwiseEqualToTheUnfusedChain) {
     g.bias.resize(size_t(E) * N);
     for (auto& x : g.bias) x = 0.5f * nd(rng);
   }
-  // rows: contiguous chunks aligned to 128 with padding rows, or masked slabs
+  // rows: contiguous chunks aligned to the m-block (tm) with padding rows, or masked slabs
   std::vector<int32_t> sorted, blk, counts;
   int num_valid = 0;
   int64_t rows = 0, max_mblk = 0;
@@ -503,20 +506,20 @@ TEST_P(CudaGroupedFusedAct, BitwiseEqualToTheUnfusedChain) {
   if (fc.masked) {
     counts = {0, 200, 57, 129};
     rows = int64_t(E) * max_m;
-    max_mblk = int64_t(E) * ((max_m + 127) / 128);
+    max_mblk = int64_t(E) * ((max_m + tm - 1) / tm);
   } else {
     const int cnt[E] = {130, 0, 77, 256};
     for (int e = 0; e < E; ++e) num_valid += cnt[e];
     int next = 0;
     for (int e = 0; e < E; ++e) {
-      const int padded = (cnt[e] + 127) / 128 * 128;
-      for (int b = 0; b < padded / 128; ++b) blk.push_back(e);
+      const int padded = (cnt[e] + tm - 1) / tm * tm;
+      for (int b = 0; b < padded / tm; ++b) blk.push_back(e);
       for (int r = 0; r < padded; ++r) sorted.push_back(r < cnt[e] ? next++ : num_valid);
     }
-    rows = static_cast<int64_t>(sorted.size()) + 128;  // capacity above the used rows
+    rows = static_cast<int64_t>(sorted.size()) + tm;  // capacity above the used rows
     sorted.resize(rows, num_valid);
-    blk.resize(rows / 128, -1);
-    max_mblk = rows / 128;
+    blk.resize(rows / tm, -1);
+    max_mblk = rows / tm;
   }
   std::vector<uint8_t> a(size_t(rows) * K);
   for (auto& c : a) c = numerics::float_to_e4m3fn(nd(rng));
@@ -528,7 +531,7 @@ TEST_P(CudaGroupedFusedAct, BitwiseEqualToTheUnfusedChain) {
   if (fc.bias) dbias = to_device(g.bias, DType::kF32);
   Tensor dsorted, dblk, dmeta, dcounts, dids;
   cuda::GroupedGemmParams p;
-  p.tile_m = 128;
+  p.tile_m = tm;
   p.N = N;
   p.K = K;
   p.a_rows = rows;
@@ -556,7 +559,7 @@ TEST_P(CudaGroupedFusedAct, BitwiseEqualToTheUnfusedChain) {
   } else {
     dsorted = to_device(sorted, DType::kI32);
     dblk = to_device(blk, DType::kI32);
-    dmeta = to_device(std::vector<int32_t>{static_cast<int32_t>(rows - 128), 0, 0, 0}, DType::kI32);
+    dmeta = to_device(std::vector<int32_t>{static_cast<int32_t>(rows - tm), 0, 0, 0}, DType::kI32);
     p.expert_blk = static_cast<const int32_t*>(dblk.data());
     p.num_rows_ptr = static_cast<const int32_t*>(dmeta.data());
     p.sorted_ids = static_cast<const int32_t*>(dsorted.data());
@@ -576,12 +579,17 @@ TEST_P(CudaGroupedFusedAct, BitwiseEqualToTheUnfusedChain) {
   Tensor s1 = Tensor::empty({rows, I / 128}, DType::kF32, Device::cuda());
   Tensor q2 = Tensor::empty({rows, I}, DType::kU8, Device::cuda());
   Tensor s2 = Tensor::empty({rows, I / 128}, DType::kF32, Device::cuda());
-  for (Tensor* t : {&q0, &q1, &s0, &s1, &q2, &s2})
+  Tensor q3 = Tensor::empty({rows, I}, DType::kU8, Device::cuda());
+  Tensor s3 = Tensor::empty({rows, I / 128}, DType::kF32, Device::cuda());
+  for (Tensor* t : {&q0, &q1, &s0, &s1, &q2, &s2, &q3, &s3})
     ASSERT_EQ(cudaMemset(t->data(), 0xFF, t->nbytes()), cudaSuccess);
   // unfused
   {
     cuda::GroupedGemmParams u = p;
-    u.tile_n = 256;
+    if (tm == 128)
+      u.tile_n = 256;
+    else
+      u.swap_nb = 1;
     u.out = static_cast<uint16_t*>(y1.data());
     u.out_stride = N;
     cuda::launch_grouped_gemm(u, static_cast<const uint8_t*>(da.data()),
@@ -603,21 +611,42 @@ TEST_P(CudaGroupedFusedAct, BitwiseEqualToTheUnfusedChain) {
                                           static_cast<float*>(s2.data()), I / 128},
                            nullptr);
   }
-  // fused
-  {
+  // fused: one CTA per tile where the tiles fit the card (warpgroup 1 idle at this size), and three
+  // CTAs with scheduling groups of 3 m-blocks (both warpgroups of a CTA run many tiles: the staging
+  // buffer, the row metadata and the next tile's scale prefetch are reused)
+  for (const int ctas : {0, 3}) {
     cuda::GroupedGemmParams f = p;
+    f.max_ctas = ctas;
+    f.group_m = ctas ? 3 : 0;
+    Tensor& qo = ctas ? q3 : q1;
+    Tensor& so = ctas ? s3 : s1;
     f.fuse_act = 1;
     f.act = ap;
     f.act_h_f32 = h_f32 ? 1 : 0;
     f.q_ue8m0 = fc.ue8m0 ? 1 : 0;
     f.q_min_scale = min_scale;
-    f.q_out = static_cast<uint8_t*>(q1.data());
+    f.q_out = static_cast<uint8_t*>(qo.data());
     f.q_stride = I;
-    f.q_scale = static_cast<float*>(s1.data());
+    f.q_scale = static_cast<float*>(so.data());
     f.q_scale_stride = I / 128;
     cuda::launch_grouped_gemm(f, static_cast<const uint8_t*>(da.data()),
                               static_cast<const uint8_t*>(db.data()), int64_t(E) * N, max_mblk,
                               nullptr);
+    if (tm == 16 &&
+        ctas == 0) {  // the swapped kernel's limits: one scale chunk of 64 K blocks, no scatter
+      cuda::GroupedGemmParams big = f;
+      big.K = 8192 + 128;
+      EXPECT_THROW(cuda::launch_grouped_gemm(big, nullptr, nullptr, int64_t(E) * N, 1, nullptr),
+                   ValueError);
+      cuda::GroupedGemmParams scat = f;
+      scat.out_scatter = 1;
+      EXPECT_THROW(cuda::launch_grouped_gemm(scat, nullptr, nullptr, int64_t(E) * N, 1, nullptr),
+                   ValueError);
+      cuda::GroupedGemmParams il = f;  // interleaved gate/up columns are not two halves
+      il.act.act = static_cast<int32_t>(cuda::Act::kSwigluOai);
+      EXPECT_THROW(cuda::launch_grouped_gemm(il, nullptr, nullptr, int64_t(E) * N, 1, nullptr),
+                   ValueError);
+    }
   }
   ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
   const Tensor hq0 = q0.to(Device::cpu()), hs0 = s0.to(Device::cpu());
@@ -628,7 +657,8 @@ TEST_P(CudaGroupedFusedAct, BitwiseEqualToTheUnfusedChain) {
     stored += b0 != 0xFFFFFFFFu;
   }
   for (const auto& [what, q, s] :
-       {std::tuple{"fused epilogue", &q1, &s1}, std::tuple{"launch_act_quant", &q2, &s2}}) {
+       {std::tuple{"fused epilogue", &q1, &s1}, std::tuple{"fused epilogue, 3 CTAs", &q3, &s3},
+        std::tuple{"launch_act_quant", &q2, &s2}}) {
     SCOPED_TRACE(what);
     const Tensor hq1 = q->to(Device::cpu()), hs1 = s->to(Device::cpu());
     int64_t bad_q = 0, bad_s = 0;
@@ -667,7 +697,17 @@ INSTANTIATE_TEST_SUITE_P(
         FuseCase{"silu_ue8m0", cuda::Act::kSilu, false, false, true, true, false},
         FuseCase{"gelu", cuda::Act::kGelu, false, false, false, false, true},
         FuseCase{"swigluoai_uninterleave", cuda::Act::kSwigluOaiUninterleave, false, false, false,
-                 true, false}),
+                 true, false},
+        // the 16-token swapped kernel (K = 8192: the longest K of its one scale chunk)
+        FuseCase{"tm16_silu", cuda::Act::kSilu, false, false, false, false, false, 16},
+        FuseCase{"tm16_silu_masked_bias", cuda::Act::kSilu, false, false, false, true, true, 16},
+        FuseCase{"tm16_silu_limit_long_k", cuda::Act::kSilu, true, false, false, false, false, 16,
+                 8192},
+        FuseCase{"tm16_fused_silu_quant", cuda::Act::kSilu, false, true, false, false, false, 16},
+        FuseCase{"tm16_silu_ue8m0_bias", cuda::Act::kSilu, false, false, true, true, false, 16},
+        FuseCase{"tm16_gelu_masked", cuda::Act::kGelu, false, false, false, false, true, 16},
+        FuseCase{"tm16_swigluoai_uninterleave", cuda::Act::kSwigluOaiUninterleave, false, false,
+                 false, true, false, 16}),
     [](const auto& info) { return info.param.name; });
 
 // ---- the layer --------------------------------------------------------------------------------

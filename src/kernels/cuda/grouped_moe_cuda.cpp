@@ -10,6 +10,7 @@
 #include <algorithm>
 #include <cstdlib>
 #include <cstring>
+#include <string>
 
 #include "fp8moe/error.hpp"
 #include "fused_moe_cuda.hpp"
@@ -45,17 +46,35 @@ int64_t tile_m_for(double rows_per_expert) {
   return swap ? grouped_tile_m(rows_per_expert) : 128;
 }
 
-// GEMM1 with the activation and the 1x128 quantisation of h fused into its epilogue (the 256 tile
-// with paired gate/up halves; GroupedGemmParams::fuse_act): opt-in with FP8MOE_GROUPED_FUSE_ACT=1
-// until measured on the card. Needs the 128-row kernel (bm = 128).
+// GEMM1 with the activation and the 1x128 quantisation of h fused into its epilogue
+// (GroupedGemmParams::fuse_act; gate and up n-blocks paired in one tile).
+//   - 16-token m-blocks (the swapped kernel, the small batches): opt-in FP8MOE_GROUPED_SWAP_FUSE=1
+//     (0 or unset: off) until measured on the card (written in session 27, when no device was
+//     lent after the first call); needs H <= 8192 (the whole K in one scale chunk). It removes the
+//     activation kernel between the GEMMs and y1's round trip; the tile covers 256 weight rows
+//     instead of 128 (half as many tiles), which may cost at small M where the tiles do not fill
+//     the card.
+//   - 128-row m-blocks (the 256 tile): opt-in FP8MOE_GROUPED_FUSE_ACT=1, measured 39-52% slower in
+//     the layer (docs/PERFORMANCE.md, grouped run 5).
 QuantSpec group_quant(const MoeProblem& p, bool second, unsigned* amax);
 
-bool fuse_act_wanted(int64_t bm) {
-  static const bool env = [] {
+bool fuse_act_wanted(const MoeProblem& p, int64_t bm) {
+  static const bool env128 = [] {
     const char* v = std::getenv("FP8MOE_GROUPED_FUSE_ACT");
     return v && v[0] == '1';
   }();
-  return env && bm == 128;
+  static const int env16 = [] {
+    const char* v = std::getenv("FP8MOE_GROUPED_SWAP_FUSE");
+    if (!v || !*v) return -1;
+    const std::string s(v);
+    if (s != "0" && s != "1")
+      throw ValueError("FP8MOE_GROUPED_SWAP_FUSE='" + s + "' is not 0 or 1");
+    return s == "1" ? 1 : 0;
+  }();
+  if (p.aq2 != AQuant::kGroupDynamic) return false;
+  if (bm == 128) return env128;
+  if (bm == 16) return env16 == 1 && p.H <= 8192;
+  return false;
 }
 
 // Between the GEMMs (unless GEMM1's epilogue fused it): the activation of y1 (rows, 2 I) and the
@@ -246,7 +265,7 @@ void run_contiguous_chunk(const MoeProblem& p, const void* x, void* out, const v
   void* y1 = ws + L.y1;
   uint8_t* qh = ws + L.qh;
   float* sh = reinterpret_cast<float*>(ws + L.sh);
-  const bool fuse = fuse_act_wanted(bm) && p.aq2 == AQuant::kGroupDynamic;
+  const bool fuse = fuse_act_wanted(p, bm);
   {
     GroupedGemmParams g = gemm_params(p, p.w1, p.N1, p.H, L.capacity, sx, p.aq1);
     g.tile_m = static_cast<int32_t>(bm);
@@ -417,7 +436,7 @@ void run_masked(const FusedMoeArgs& args, void* workspace) {
   void* y1 = ws + L.y1;
   uint8_t* qh = ws + L.qh;
   float* sh = reinterpret_cast<float*>(ws + L.sh);
-  const bool fuse = fuse_act_wanted(bm);
+  const bool fuse = fuse_act_wanted(p, bm);
   {
     GroupedGemmParams g = gemm_params(p, p.w1, p.N1, p.H, rows, sx, p.aq1);
     g.tile_m = static_cast<int32_t>(bm);
