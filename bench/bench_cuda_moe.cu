@@ -10,9 +10,12 @@
 // measured ceilings. Output: a table on stdout and a CSV (--csv FILE).
 //
 //   bench_cuda_moe [--quick] [--csv FILE] [--shape NAME[,NAME...]] [--m LIST] [--path
-//   auto|generic|wgmma|stream|grouped|single[,...]]   (a list measures each path that takes the
-//   problem) [--tune FILE]   (times every path, and the grouped path's n-blocks per swapped tile,
-//   on each shape and M first, and writes the fastest per M bucket to FILE: FP8MOE_CUDA_TUNING)
+//   auto|generic|wgmma|stream|grouped|single[,...]] [--ncu] [--tune FILE]
+// --quick: M = 1, 32, 2048 (replaces --m). --path: a list measures each path that takes the
+// problem; without --path, FP8MOE_CUDA_PATH chooses when set. --ncu: one direct run per
+// configuration for a profiler to attach to (no table, no CSV). --tune FILE: first times every
+// path, and the grouped path's n-blocks per swapped tile, on each shape and M, and writes the
+// fastest per M bucket to FILE (the table FP8MOE_CUDA_TUNING reads).
 #include <cublasLt.h>
 #include <cuda_runtime.h>
 
@@ -256,6 +259,7 @@ struct Row {
 int main(int argc, char** argv) {
   bool quick = false, ncu = false;
   std::string csv, only_shape, path_arg = "auto", tune_file;
+  bool path_given = false;  // without --path, FP8MOE_CUDA_PATH (if set) chooses, as in production
   std::vector<int64_t> Ms = {1, 8, 32, 128, 512, 2048, 8192};
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
@@ -267,9 +271,10 @@ int main(int argc, char** argv) {
       csv = argv[++i];
     else if (a == "--shape" && i + 1 < argc)
       only_shape = argv[++i];
-    else if (a == "--path" && i + 1 < argc)
+    else if (a == "--path" && i + 1 < argc) {
       path_arg = argv[++i];
-    else if (a == "--tune" && i + 1 < argc)
+      path_given = true;
+    } else if (a == "--tune" && i + 1 < argc)
       tune_file = argv[++i];
     else if (a == "--m" && i + 1 < argc) {
       Ms.clear();
@@ -314,6 +319,14 @@ int main(int argc, char** argv) {
   }
   if (paths.empty()) paths.push_back(cuda::Path::kAuto);
   const cuda::Path forced = paths[0];
+  // --path forces its paths; without it the override stays unset so that FP8MOE_CUDA_PATH applies
+  // (until session 27 the benchmark always forced auto, and the variable never took effect here)
+  const auto apply_path = [&](cuda::Path p) {
+    if (path_given)
+      cuda::set_path_override(p);
+    else
+      cuda::clear_path_override();
+  };
   cudaStream_t st;
   CK(cudaStreamCreate(&st));
   const std::string dev = cuda::device_name();
@@ -512,7 +525,7 @@ int main(int argc, char** argv) {
           cuda::set_tuning_table(tuned);
         }
       }
-      cuda::set_path_override(forced);
+      apply_path(forced);
       if (ncu) {  // one direct run per configuration for a profiler to attach to
         FusedMoeArgs a0 = make_args(0, false);
         const size_t need = impl.workspace_size(a0);
@@ -530,7 +543,7 @@ int main(int argc, char** argv) {
         continue;
       }
       for (const cuda::Path pth : paths) {
-        cuda::set_path_override(pth);
+        apply_path(pth);
         if (pth != cuda::Path::kAuto && !cuda::path_limit(pth, make_args(0, false)).empty())
           continue;
         Row r;
@@ -601,7 +614,7 @@ int main(int argc, char** argv) {
         std::fflush(stdout);
       }
     }
-    cuda::set_path_override(cuda::Path::kAuto);
+    cuda::clear_path_override();
     for (Layer& ly : layers) {
       for (void* p : {(void*)ly.w13, (void*)ly.w2, (void*)ly.s13, (void*)ly.s2, (void*)ly.logits,
                       (void*)ly.ids, (void*)ly.tw, (void*)ly.bias})

@@ -7,7 +7,8 @@
 //   box8  -- two 3D TMA boxes of 8 rows x kc bytes (the single path since run 12);
 //   box16 -- one 3D TMA box of 16 rows x kc bytes.
 // Consumers wait for the stage, each reads its 1/C of it from shared memory (16-byte loads folded
-// into a checksum, so the reads are kept) when --touch, and frees the slot. Prints TB/s (bytes of
+// into a checksum, so the reads are kept) in the rows with touch = 1 (every configuration runs
+// with touch 0 and 1), and frees the slot. Prints TB/s (bytes of
 // the matrix / median time of 5 runs) per (feed, kc, stages, consumers, touch), next to the plain
 // 16-byte load kernel over the same bytes.
 //
@@ -128,12 +129,17 @@ float median_ms(F&& f, int reps = 5) {
 
 int main(int argc, char** argv) {
   int rows = 65536, H = 7168;
-  for (int i = 1; i + 1 < argc; i += 2) {
+  for (int i = 1; i < argc; i += 2) {
     const std::string a = argv[i];
-    if (a == "--rows")
+    if (a == "--rows" && i + 1 < argc)
       rows = std::atoi(argv[i + 1]);
-    else if (a == "--h")
+    else if (a == "--h" && i + 1 < argc)
       H = std::atoi(argv[i + 1]);
+    else {
+      std::fprintf(stderr, "unknown argument %s (bench_cuda_stream [--rows R] [--h H])\n",
+                   a.c_str());
+      return 2;
+    }
   }
   int dev = 0, major = 0, sms = 0;
   if (cudaGetDeviceCount(&dev) != cudaSuccess || dev == 0) {

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One GPU session in a single call on the GPU machine: environment check, build for sm_90a with all
-# cores, the CUDA tests, a compute-sanitizer subset (memcheck, racecheck) and the benchmark, with
-# every log under $OUT (or ./gpu_out) and a short summary printed last.
+# cores, the CUDA tests, a compute-sanitizer subset (memcheck, racecheck, synccheck) and the
+# benchmark, with every log under $OUT (or ./gpu_out) and a short summary printed last.
 #
 #   scripts/gpu_session.sh [--no-tests] [--no-sanitize] [--no-bench] [--bench-args "..."]
 #                          [--tests-filter REGEX] [--ncu "BENCH ARGS"] [--bench2-args "..."]
@@ -24,8 +24,8 @@
 # overrides the sections, e.g. "--section SpeedOfLight" for durations and throughputs only).
 #
 # Dependencies the machine may lack (gtest, fmt, nlohmann_json, CLI11, hwy, benchmark) are taken
-# from a Debian package prefix when one is found at $FP8MOE_DEPS_PREFIX or ../.debs/prefix/usr
-# (see docs/PERFORMANCE.md, "How to run"); CUTLASS headers from $FP8MOE_CUTLASS_INCLUDE or
+# from a Debian package prefix when one is found at $FP8MOE_DEPS_PREFIX, ../.debs/prefix/usr or
+# ./.debs/prefix/usr (see docs/PERFORMANCE.md, "How to run"); CUTLASS headers from $FP8MOE_CUTLASS_INCLUDE or
 # ../.deps/python/cutlass_library/source/include.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -85,6 +85,7 @@ stamp "environment logged"
 
 PREFIX=${FP8MOE_DEPS_PREFIX:-}
 [ -z "$PREFIX" ] && [ -d "$ROOT/../.debs/prefix/usr" ] && PREFIX=$(cd "$ROOT/../.debs/prefix/usr" && pwd)
+[ -z "$PREFIX" ] && [ -d "$ROOT/.debs/prefix/usr" ] && PREFIX="$ROOT/.debs/prefix/usr"  # as gpu_ab.sh
 CUTLASS=${FP8MOE_CUTLASS_INCLUDE:-}
 [ -z "$CUTLASS" ] && [ -d "$ROOT/../.deps/python/cutlass_library/source/include" ] &&
   CUTLASS=$(cd "$ROOT/../.deps/python/cutlass_library/source/include" && pwd)

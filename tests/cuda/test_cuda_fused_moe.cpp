@@ -9,6 +9,7 @@
 
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <fstream>
 #include <random>
@@ -35,10 +36,10 @@ using testing::RoutingPattern;
 const Path kAllPaths[] = {Path::kGeneric, Path::kWgmma, Path::kStream, Path::kGrouped,
                           Path::kSingle};
 
-// Restores the path override when a test ends.
+// Drops the path override when a test ends (FP8MOE_CUDA_PATH applies again, as before the test).
 struct PathGuard {
   explicit PathGuard(Path p) { cuda::set_path_override(p); }
-  ~PathGuard() { cuda::set_path_override(Path::kAuto); }
+  ~PathGuard() { cuda::clear_path_override(); }
 };
 
 struct RunResult {
@@ -662,6 +663,25 @@ std::string write_text(const std::string& name, const std::string& text) {
 
 // Runs anywhere: the M buckets, a write / read round trip, the lookup, and bad files as clear
 // errors naming the file, the entry and what was expected.
+// Runs anywhere (no GPU): a forced path, a forced automatic choice (FP8MOE_CUDA_PATH ignored), and
+// the cleared override, under which FP8MOE_CUDA_PATH chooses again (the benchmark without --path
+// forced auto until session 27, so the variable never applied there).
+TEST(CudaPathOverride, ClearedOverrideLetsTheEnvironmentChoose) {
+  const char* env = std::getenv("FP8MOE_CUDA_PATH");
+  const std::string want_env = (env && *env) ? env : "auto";
+  cuda::set_path_override(Path::kGrouped);
+  EXPECT_EQ(cuda::path_override(), Path::kGrouped);
+  cuda::set_path_override(Path::kAuto);
+  EXPECT_EQ(cuda::path_override(), Path::kAuto);
+  cuda::clear_path_override();
+  EXPECT_EQ(std::string(cuda::path_name(cuda::path_override())), want_env);
+  {
+    PathGuard guard(Path::kStream);
+    EXPECT_EQ(cuda::path_override(), Path::kStream);
+  }
+  EXPECT_EQ(std::string(cuda::path_name(cuda::path_override())), want_env) << "PathGuard clears";
+}
+
 TEST(CudaTuningTable, RoundTripLookupAndBadFiles) {
   TuningGuard guard;
   EXPECT_EQ(cuda::tuning_bucket(0), 1);

@@ -67,6 +67,7 @@ Path env_path() {
 }  // namespace
 
 void set_path_override(Path p) { g_override.store(static_cast<int>(p)); }
+void clear_path_override() { g_override.store(-1); }
 Path path_override() {
   const int o = g_override.load();
   return o >= 0 ? static_cast<Path>(o) : env_path();

@@ -40,9 +40,12 @@ enum class Path : int {
   kSingle = 6,
 };
 const char* path_name(Path p);
-// Forces a path for the following calls in this process (tests, benchmarks); kAuto restores the
-// default. A forced path that cannot run a problem throws NotImplementedError from run().
+// Forces a path for the following calls in this process (tests, benchmarks); kAuto forces the
+// automatic choice (FP8MOE_CUDA_PATH then does not apply). A forced path that cannot run a problem
+// throws NotImplementedError from run(). clear_path_override() drops the override: the default,
+// where FP8MOE_CUDA_PATH (if set) chooses the path.
 void set_path_override(Path p);
+void clear_path_override();
 Path path_override();
 // The path kAuto takes for this problem (after checking each fast path's limits).
 Path choose_path(const FusedMoeArgs& args);
