@@ -4,9 +4,10 @@
 # OPTIN_TEST_VARIANTS the tests matching OPTIN_TESTS again with that environment (plus memcheck and
 # racecheck on OPTIN_SAN with it), then `bench_cuda_moe BENCH ARGS` without and with each variant of
 # OPTIN_VARIANTS in the same session. A variant may set several variables: "A=1,B=1". Both lists
-# are empty by default (no opt-in waits for the card now): then only the plain tests and benchmarks
-# run. Logs in $OUT (or ./gpu_out): summary.txt, tests_*.log, san_*.log, bench_<n>.log; the summary
-# is printed last.
+# are empty by default: then only the plain tests and benchmarks run. Logs in $OUT (or
+# ./gpu_out): summary.txt, tests_*.log, san_*.log, bench_<n>.log; the summary is printed last.
+# Waiting for the card since session 27: FP8MOE_GROUPED_SWAP_FUSE=1 and
+# FP8MOE_GROUPED_ALIGN_QUANT=1 (docs/PERFORMANCE.md, grouped run 11, "Next" has the command).
 #
 #   [OPTIN_VARIANTS="A=1 B=1,C=1 ..."] [OPTIN_TEST_VARIANTS="A=1,B=1,C=1 ..."]
 #   [OPTIN_TESTS=REGEX] [SAN_FILTER=GTEST_FILTER] [OPTIN_SAN=GTEST_FILTER]

@@ -2,6 +2,8 @@
 // - the many-block alignment against the one-block alignment (same tables, every expert holding
 //   the same pairs, pair_pos consistent), at pair counts up to 300,000 with dropped slots and an
 //   expert map;
+// - the alignment + 1 x 128 quantisation kernel against the alignment followed by the scattering
+//   quantisation (same tables and codes, pairs in index order within an expert, run to run equal);
 // - the eight-columns-per-thread per-token / per-tensor quantisers against the scalar kernels
 //   (chosen by an unaligned row stride), gathered sorted rows with a row scale, bf16 and f32;
 // - the fused activation + per-token / static per-tensor quantisation against launch_activation
@@ -19,6 +21,7 @@
 #include <vector>
 
 #include "cuda/cuda_testing.hpp"
+#include "fp8moe/error.hpp"
 #include "fp8moe/numerics.hpp"
 #include "fp8moe/tensor.hpp"
 #include "kernels/cuda/moe_launchers.hpp"
@@ -193,6 +196,165 @@ Tensor strided(const std::vector<float>& v, int rows, int cols, int stride, bool
     for (int c = 0; c < cols; ++c)
       s[size_t(r) * stride + c] = numerics::float_to_bf16(v[size_t(r) * cols + c]);
   return to_device(s, DType::kBF16);
+}
+
+// The alignment + 1 x 128 quantisation kernel (launch_align_quant) against launch_align (one block)
+// followed by launch_quant_scatter: the same tables; every pair in its expert's rows, and within an
+// expert in pair order (deterministic); each pair's codes and scales bitwise those the two kernels
+// wrote for it; rows of no pair (padding, past the end) unwritten; two runs byte-identical. Cases
+// (grid = min(M, kAlignQuantMaxBlocks = 128); a pass = 1024 eight-column chunks per block):
+// DeepSeek TP8-like M = 32 (a token per block, one pass); M = 128 with an expert map, dropped
+// slots, f32 x and a row scale; one token with UE8M0 scales; M = 1024 top-1 (8 tokens per block,
+// two passes); M = 200 top-4 at H = 7168 (blocks 0-71 take two tokens: 1,792 chunks, the second
+// token split over the two passes); Mixtral-like E = 8 top-2 with f32 x.
+struct AlignQuantCase {
+  int M, topk, E_global, E_local, bm, cols;
+  bool map, f32, ue8m0, row_scale;
+};
+
+TEST(CudaAuxKernels, AlignQuantMatchesAlignThenQuantScatter) {
+  SKIP_WITHOUT_GPU();
+  for (const AlignQuantCase c :
+       {AlignQuantCase{32, 8, 256, 256, 16, 7168, false, false, false, false},
+        AlignQuantCase{128, 8, 64, 16, 32, 2048, true, true, false, true},
+        AlignQuantCase{1, 8, 128, 128, 16, 4096, false, false, true, false},
+        AlignQuantCase{1024, 1, 128, 128, 64, 2048, false, false, false, true},
+        AlignQuantCase{200, 4, 256, 256, 16, 7168, false, false, true, false},
+        AlignQuantCase{7, 2, 8, 8, 128, 1024, false, true, true, false}}) {
+    SCOPED_TRACE(::testing::Message() << "M " << c.M << " topk " << c.topk << " E " << c.E_global
+                                      << "/" << c.E_local << " bm " << c.bm << " cols " << c.cols);
+    std::mt19937 rng(c.M * 7 + c.cols);
+    const int num_valid = c.M * c.topk;
+    std::uniform_int_distribution<int> pick(0, c.E_global - 1), drop(0, 99);
+    std::vector<int32_t> ids(num_valid);
+    for (auto& v : ids) v = drop(rng) < 3 ? -1 : pick(rng);
+    std::vector<int32_t> map(c.E_global, -1);
+    if (c.map)
+      for (int g = 0, l = 0; g < c.E_global && l < c.E_local; g += c.E_global / c.E_local)
+        map[g] = l++;
+    const auto local = [&](int32_t gid) {
+      if (gid < 0 || gid >= c.E_global) return -1;
+      return c.map ? map[gid] : gid;
+    };
+    const Tensor dids = to_device(ids, DType::kI32), dmap = to_device(map, DType::kI32);
+    const int32_t* dmap_p = c.map ? static_cast<const int32_t*>(dmap.data()) : nullptr;
+    const int capacity =
+        (num_valid + std::min(c.E_local, num_valid) * (c.bm - 1) + c.bm - 1) / c.bm * c.bm;
+    const std::vector<float> xv = randn(size_t(c.M) * c.cols, rng, 2.0f);
+    const Tensor x = strided(xv, c.M, c.cols, c.cols, c.f32);
+    const std::vector<float> w = randn(size_t(c.M), rng, 1.0f);
+    const Tensor dw = to_device(w, DType::kF32);
+    cuda::RowScale rs;
+    if (c.row_scale) rs.w = static_cast<const float*>(dw.data());
+    cuda::QuantSpec spec;
+    spec.kind = cuda::AQuant::kGroupDynamic;
+    spec.gk = 128;
+    spec.ue8m0 = c.ue8m0;
+    const int sc = c.cols / 128;
+    struct Out {
+      AlignResult al;
+      std::vector<uint8_t> q;
+      std::vector<float> s;
+    };
+    const auto run = [&](bool fused) {
+      Tensor sorted = poisoned(int64_t(capacity) * 4), blk = poisoned(int64_t(capacity / c.bm) * 4),
+             meta = poisoned(16), cnt = poisoned(int64_t(c.E_local) * 4),
+             off = poisoned(int64_t(c.E_local + 1) * 4), ppos = poisoned(int64_t(num_valid) * 4);
+      Tensor dq = poisoned(int64_t(capacity) * c.cols), ds = poisoned(int64_t(capacity) * sc * 4);
+      const cuda::AlignOut out{i32(sorted), i32(blk),  i32(meta), i32(cnt),
+                               i32(off),    i32(ppos), nullptr};
+      const cuda::QuantOut qo{static_cast<uint8_t*>(dq.data()), c.cols,
+                              static_cast<float*>(ds.data()), sc};
+      if (fused) {
+        cuda::launch_align_quant(static_cast<const int32_t*>(dids.data()), num_valid, dmap_p,
+                                 c.E_global, c.E_local, c.bm, capacity, out, spec, x.data(), c.f32,
+                                 c.cols, c.M, c.topk, rs, c.cols, qo, nullptr);
+      } else {
+        cuda::launch_align(static_cast<const int32_t*>(dids.data()), num_valid, dmap_p, c.E_global,
+                           c.E_local, c.bm, capacity, 0, out, nullptr);
+        cuda::launch_quant_scatter(spec, x.data(), c.f32, c.cols, c.M, c.topk, i32(ppos), rs,
+                                   c.cols, qo, nullptr);
+      }
+      EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+      return Out{{to_host<int32_t>(sorted), to_host<int32_t>(blk), to_host<int32_t>(meta),
+                  to_host<int32_t>(cnt), to_host<int32_t>(off), to_host<int32_t>(ppos)},
+                 to_host<uint8_t>(dq),
+                 to_host<float>(ds)};
+    };
+    const Out ref = run(false), got = run(true), again = run(true);
+    EXPECT_EQ(got.al.meta[0], ref.al.meta[0]);
+    EXPECT_EQ(got.al.cnt, ref.al.cnt);
+    EXPECT_EQ(got.al.off, ref.al.off);
+    EXPECT_EQ(got.al.blk, ref.al.blk);
+    EXPECT_EQ(got.al.sorted, again.al.sorted) << "not deterministic";
+    EXPECT_EQ(got.al.ppos, again.al.ppos) << "not deterministic";
+    EXPECT_EQ(got.q, again.q) << "not deterministic";
+    EXPECT_EQ(std::memcmp(got.s.data(), again.s.data(), got.s.size() * 4), 0);
+    int64_t bad = 0;
+    const int total = got.al.meta[0];
+    std::vector<char> row_used(capacity, 0);
+    for (int e = 0; e < c.E_local; ++e) {
+      int prev = -1;
+      for (int p = got.al.off[e]; p < got.al.off[e + 1]; ++p) {
+        const int32_t i = got.al.sorted[p];
+        if (p < got.al.off[e] + got.al.cnt[e]) {
+          const bool ok =
+              i >= 0 && i < num_valid && local(ids[i]) == e && got.al.ppos[i] == p && i > prev;
+          if (!ok && bad++ < 5)
+            ADD_FAILURE() << "expert " << e << " row " << p << " holds " << i << " after " << prev;
+          prev = i;
+          row_used[p] = 1;
+        } else if (i != num_valid && bad++ < 5) {
+          ADD_FAILURE() << "padding row " << p << " holds " << i;
+        }
+      }
+    }
+    for (int p = total; p < capacity; ++p)
+      if (got.al.sorted[p] != -1 && bad++ < 5) ADD_FAILURE() << "row " << p << " past the end";
+    for (int i = 0; i < num_valid; ++i) {
+      const int pr = ref.al.ppos[i], pg = got.al.ppos[i];
+      if ((pr < 0) != (pg < 0)) {
+        if (bad++ < 5) ADD_FAILURE() << "pair " << i << " dropped in one only";
+        continue;
+      }
+      if (pg < 0) continue;
+      if (std::memcmp(&got.q[size_t(pg) * c.cols], &ref.q[size_t(pr) * c.cols], c.cols) != 0 &&
+          bad++ < 5)
+        ADD_FAILURE() << "pair " << i << ": codes differ";
+      if (std::memcmp(&got.s[size_t(pg) * sc], &ref.s[size_t(pr) * sc], sc * 4) != 0 && bad++ < 5)
+        ADD_FAILURE() << "pair " << i << ": scales differ";
+    }
+    for (int p = 0; p < capacity; ++p) {  // rows of no pair: neither codes nor scales written
+      if (row_used[p]) continue;
+      bool written = false;
+      for (int k = 0; k < c.cols; ++k) written |= got.q[size_t(p) * c.cols + k] != 0xFF;
+      for (int k = 0; k < sc; ++k) {
+        uint32_t b;
+        std::memcpy(&b, &got.s[size_t(p) * sc + k], 4);
+        written |= b != 0xFFFFFFFFu;
+      }
+      if (written && bad++ < 5) ADD_FAILURE() << "row " << p << " of no pair written";
+    }
+    EXPECT_EQ(bad, 0);
+  }
+  // refused: too many pairs, other quantisations
+  cuda::QuantSpec spec;
+  spec.kind = cuda::AQuant::kGroupDynamic;
+  spec.gk = 128;
+  EXPECT_THROW(cuda::launch_align_quant(nullptr, cuda::kAlignQuantMaxPairs + 8, nullptr, 256, 256,
+                                        16, 1 << 16, cuda::AlignOut{}, spec, nullptr, false, 128,
+                                        cuda::kAlignQuantMaxPairs / 8 + 1, 8, cuda::RowScale{}, 128,
+                                        cuda::QuantOut{}, nullptr),
+               ValueError);
+  EXPECT_THROW(cuda::launch_align_quant(nullptr, 16, nullptr, 256, 256, 16, 1024, cuda::AlignOut{},
+                                        spec, nullptr, false, 128, 2, 8, cuda::RowScale{}, 0,
+                                        cuda::QuantOut{}, nullptr),
+               NotImplementedError);  // no columns
+  spec.kind = cuda::AQuant::kTokenDynamic;
+  EXPECT_THROW(cuda::launch_align_quant(nullptr, 8, nullptr, 256, 256, 16, 1024, cuda::AlignOut{},
+                                        spec, nullptr, false, 128, 1, 8, cuda::RowScale{}, 128,
+                                        cuda::QuantOut{}, nullptr),
+               NotImplementedError);
 }
 
 TEST(CudaAuxKernels, VectorisedQuantisersMatchScalar) {

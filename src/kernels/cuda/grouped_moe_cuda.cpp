@@ -200,6 +200,22 @@ QuantSpec group_quant(const MoeProblem& p, bool second, unsigned* amax) {
 
 // ---- contiguous ("cuda_grouped") ---------------------------------------------------------------
 
+// The alignment and the 1 x 128 quantisation of x in one kernel (launch_align_quant) for up to
+// kAlignQuantMaxPairs (1024) pairs: opt-in FP8MOE_GROUPED_ALIGN_QUANT=1 (0 or unset: the two
+// kernels) until measured on the card (written in session 27, when no device was lent after the
+// first call).
+bool align_quant_wanted(const MoeProblem& p, int pairs) {
+  static const int env = [] {
+    const char* v = std::getenv("FP8MOE_GROUPED_ALIGN_QUANT");
+    if (!v || !*v) return 0;
+    const std::string s(v);
+    if (s != "0" && s != "1")
+      throw ValueError("FP8MOE_GROUPED_ALIGN_QUANT='" + s + "' is not 0 or 1");
+    return s == "1" ? 1 : 0;
+  }();
+  return env == 1 && p.aq1 == AQuant::kGroupDynamic && pairs <= kAlignQuantMaxPairs && p.E <= 1024;
+}
+
 int64_t chunk_of(const MoeProblem& p) { return std::min<int64_t>(p.M, kGroupedChunk); }
 
 std::size_t contiguous_workspace(const FusedMoeArgs& args) {
@@ -233,18 +249,29 @@ void run_contiguous_chunk(const MoeProblem& p, const void* x, void* out, const v
       reinterpret_cast<int32_t*>(ws + L.meta),   reinterpret_cast<int32_t*>(ws + L.cnt),
       reinterpret_cast<int32_t*>(ws + L.eoff),   reinterpret_cast<int32_t*>(ws + L.ppos),
       reinterpret_cast<int32_t*>(ws + L.align)};
-  launch_align(ids, pairs, p.expert_map, static_cast<int>(p.E_global), static_cast<int>(p.E),
-               static_cast<int>(bm), static_cast<int>(L.capacity), 0, al, st);
   unsigned* amax = reinterpret_cast<unsigned*>(ws + L.amax);
+  uint8_t* qx = ws + L.qxs;
+  float* sx = reinterpret_cast<float*>(ws + L.sxs);
+  const bool align_quant = align_quant_wanted(p, pairs);
+  if (align_quant) {
+    RowScale rs;
+    if (p.router_on_input) rs.w = tw;
+    launch_align_quant(ids, pairs, p.expert_map, static_cast<int>(p.E_global),
+                       static_cast<int>(p.E), static_cast<int>(bm), static_cast<int>(L.capacity),
+                       al, group_quant(p, false, amax), x, false, p.H, static_cast<int>(m),
+                       static_cast<int>(p.topk), rs, static_cast<int>(p.H),
+                       QuantOut{qx, p.H, sx, p.H / 128}, st);
+  } else {
+    launch_align(ids, pairs, p.expert_map, static_cast<int>(p.E_global), static_cast<int>(p.E),
+                 static_cast<int>(bm), static_cast<int>(L.capacity), 0, al, st);
+  }
   // x quantised straight into the permuted order (row p = token sorted_ids[p] / topk). 1 x 128
   // groups: each token once, written to the sorted rows of its pairs (launch_quant_scatter;
   // bitwise what quantising every valid sorted row would give; measured faster on the H200:
   // docs/PERFORMANCE.md; require() has checked p.gk == 128). Per-token / per-tensor scales (the
   // cuda_fused path only): launch_quant over the sorted rows, gathered from their tokens. Padding
   // rows stay unwritten: the GEMMs never store their outputs.
-  uint8_t* qx = ws + L.qxs;
-  float* sx = reinterpret_cast<float*>(ws + L.sxs);
-  {
+  if (!align_quant) {
     RowScale rs;
     if (p.router_on_input) rs.w = tw;
     if (p.aq1 == AQuant::kGroupDynamic) {
