@@ -203,17 +203,23 @@ QuantSpec group_quant(const MoeProblem& p, bool second, unsigned* amax) {
 // The alignment and the 1 x 128 quantisation of x in one kernel (launch_align_quant) for up to
 // kAlignQuantMaxPairs (1024) pairs: opt-in FP8MOE_GROUPED_ALIGN_QUANT=1 (0 or unset: the two
 // kernels) until measured on the card (written in session 27, when no device was lent after the
-// first call).
-bool align_quant_wanted(const MoeProblem& p, int pairs) {
+// first call). After the routing kernel it launches with programmatic stream serialization (its
+// first tokens are quantised while the routing runs); FP8MOE_GROUPED_ALIGN_QUANT=plain launches it
+// plainly (to measure what that overlap gives).
+int align_quant_mode() {  // 0 off, 1 on, 2 on without programmatic launch
   static const int env = [] {
     const char* v = std::getenv("FP8MOE_GROUPED_ALIGN_QUANT");
     if (!v || !*v) return 0;
     const std::string s(v);
-    if (s != "0" && s != "1")
-      throw ValueError("FP8MOE_GROUPED_ALIGN_QUANT='" + s + "' is not 0 or 1");
-    return s == "1" ? 1 : 0;
+    if (s != "0" && s != "1" && s != "plain")
+      throw ValueError("FP8MOE_GROUPED_ALIGN_QUANT='" + s + "' is not 0, 1 or plain");
+    return s == "1" ? 1 : (s == "plain" ? 2 : 0);
   }();
-  return env == 1 && p.aq1 == AQuant::kGroupDynamic && pairs <= kAlignQuantMaxPairs && p.E <= 1024;
+  return env;
+}
+bool align_quant_wanted(const MoeProblem& p, int pairs) {
+  return align_quant_mode() != 0 && p.aq1 == AQuant::kGroupDynamic &&
+         pairs <= kAlignQuantMaxPairs && p.E <= 1024;
 }
 
 int64_t chunk_of(const MoeProblem& p) { return std::min<int64_t>(p.M, kGroupedChunk); }
@@ -256,11 +262,11 @@ void run_contiguous_chunk(const MoeProblem& p, const void* x, void* out, const v
   if (align_quant) {
     RowScale rs;
     if (p.router_on_input) rs.w = tw;
-    launch_align_quant(ids, pairs, p.expert_map, static_cast<int>(p.E_global),
-                       static_cast<int>(p.E), static_cast<int>(bm), static_cast<int>(L.capacity),
-                       al, group_quant(p, false, amax), x, false, p.H, static_cast<int>(m),
-                       static_cast<int>(p.topk), rs, static_cast<int>(p.H),
-                       QuantOut{qx, p.H, sx, p.H / 128}, st);
+    launch_align_quant(
+        ids, pairs, p.expert_map, static_cast<int>(p.E_global), static_cast<int>(p.E),
+        static_cast<int>(bm), static_cast<int>(L.capacity), al, group_quant(p, false, amax), x,
+        false, p.H, static_cast<int>(m), static_cast<int>(p.topk), rs, static_cast<int>(p.H),
+        QuantOut{qx, p.H, sx, p.H / 128}, st, p.route_in_kernel && align_quant_mode() == 1);
   } else {
     launch_align(ids, pairs, p.expert_map, static_cast<int>(p.E_global), static_cast<int>(p.E),
                  static_cast<int>(bm), static_cast<int>(L.capacity), 0, al, st);

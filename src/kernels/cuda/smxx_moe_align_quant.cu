@@ -14,7 +14,10 @@
 // rows) are the same. Then each block quantises its tokens (t = block, block + grid, ...) with the
 // same operations as quant_group_scatter_kernel (so the same codes and scales) and writes them to
 // the sorted rows of the token's pairs; the loads and the arithmetic of its first tokens are issued
-// before the alignment, so they overlap it.
+// before the alignment, so they overlap it. Launched with programmatic stream serialization right
+// after the routing kernel (which triggers at its top), the blocks start while the routing runs:
+// x is final then (the routing kernel itself launched plainly, after everything before it), and
+// pdl_wait() holds the alignment until the routing's topk_ids are written.
 #include <algorithm>
 #include <string>
 
@@ -40,11 +43,11 @@ __global__ void __launch_bounds__(kAlignThreads)
                            uint8_t* __restrict__ q, int64_t q_stride, float* __restrict__ s_out,
                            int64_t s_stride, int ue8m0, float min_scale) {
   extern __shared__ int32_t aq_smem[];
-  int32_t* cnt = aq_smem;             // E_local
-  int32_t* off = cnt + E_local;       // E_local + 1
-  int32_t* run = off + E_local + 1;   // E_local: pairs placed so far per expert
-  int32_t* pos = run + E_local;       // num_valid: local expert, then sorted position
-  constexpr int kTpg = 128 / 8;       // threads per 1 x 128 group
+  int32_t* cnt = aq_smem;            // E_local
+  int32_t* off = cnt + E_local;      // E_local + 1
+  int32_t* run = off + E_local + 1;  // E_local: pairs placed so far per expert
+  int32_t* pos = run + E_local;      // num_valid: local expert, then sorted position
+  constexpr int kTpg = 128 / 8;      // threads per 1 x 128 group
   const int tid = threadIdx.x;
   const int c8_per_row = cols / 8;
   // this block's tokens t = blockIdx.x + j * gridDim.x, flattened with their 8-column chunks
@@ -53,7 +56,7 @@ __global__ void __launch_bounds__(kAlignThreads)
   const int my_chunks = my_tokens * c8_per_row;
   // one pass: blockDim.x chunks (every thread of a group in the same pass: c8_per_row and
   // blockDim.x are multiples of kTpg)
-  auto quantise = [&](int idx, float (&v)[8], float& s, int& t, int& c8) {
+  auto quantise = [&](int idx, float(&v)[8], float& s, int& t, int& c8) {
     const bool ok = idx < my_chunks;  // uniform per group
     t = static_cast<int>(blockIdx.x) + (idx / c8_per_row) * static_cast<int>(gridDim.x);
     c8 = idx % c8_per_row;
@@ -70,7 +73,7 @@ __global__ void __launch_bounds__(kAlignThreads)
     s = group_scale(amax, ue8m0 != 0, min_scale);
     return ok;
   };
-  auto store = [&](const float (&v)[8], float s, int t, int c8) {
+  auto store = [&](const float(&v)[8], float s, int t, int c8) {
     const uint2 qv = quant8(v, s);
     for (int k = 0; k < topk; ++k) {
       const int p = pos[t * topk + k];
@@ -79,13 +82,16 @@ __global__ void __launch_bounds__(kAlignThreads)
       if ((c8 % kTpg) == 0) s_out[int64_t(p) * s_stride + c8 / kTpg] = s;
     }
   };
-  // the first pass's loads and scales, before the alignment
+  // the first pass's loads and scales, before the alignment (and before the routing has finished,
+  // unless a row scale is applied: the router weights come from the routing kernel)
+  if (rs.w) pdl_wait();
   float v0[8];
   float s0 = 0.0f;
   int t0 = 0, c80 = 0;
   const bool ok0 = quantise(tid, v0, s0, t0, c80);
 
   // ---- the alignment (every block) ----
+  pdl_wait();  // topk_ids of a routing kernel launched just before (a no-op without the attribute)
   for (int e = tid; e < E_local; e += blockDim.x) {
     cnt[e] = 0;
     run[e] = 0;
@@ -143,32 +149,32 @@ void launch_align_quant(const int32_t* topk_ids, int num_valid, const int32_t* e
                         int E_global, int E_local, int bm, int capacity, const AlignOut& out,
                         const QuantSpec& spec, const void* x, bool x_f32, int64_t x_stride, int M,
                         int topk, const RowScale& rs, int cols, const QuantOut& qout,
-                        cudaStream_t stream) {
+                        cudaStream_t stream, bool after_route) {
   if (spec.kind != AQuant::kGroupDynamic || spec.gk != 128 || cols <= 0 || cols % 128 != 0)
     throw NotImplementedError("cuda: the alignment + quantisation kernel runs 1 x 128 groups only");
   if (num_valid > kAlignQuantMaxPairs || E_local > kAlignThreads || num_valid != M * topk)
-    throw ValueError("cuda: launch_align_quant takes M * topk <= " +
-                     std::to_string(kAlignQuantMaxPairs) + " pairs and <= " +
-                     std::to_string(kAlignThreads) + " local experts");
+    throw ValueError(
+        "cuda: launch_align_quant takes M * topk <= " + std::to_string(kAlignQuantMaxPairs) +
+        " pairs and <= " + std::to_string(kAlignThreads) + " local experts");
   if (M == 0) {  // no tokens: the tables of no pairs (meta[0] = 0), as launch_align writes them
     launch_align(topk_ids, 0, expert_map, E_global, E_local, bm, capacity, 0, out, stream);
     return;
   }
   const int grid = std::min(M, kAlignQuantMaxBlocks);
   const int smem = (3 * E_local + 1 + num_valid) * static_cast<int>(sizeof(int32_t));
+  const int ue8m0 = spec.ue8m0 ? 1 : 0;
   if (x_f32)
-    moe_align_quant_kernel<float><<<grid, kAlignThreads, smem, stream>>>(
-        topk_ids, num_valid, expert_map, E_global, E_local, bm, capacity, out.sorted_ids,
-        out.expert_blk, out.meta, out.expert_count, out.expert_off, out.pair_pos,
-        static_cast<const float*>(x), x_stride, M, topk, rs, cols, qout.q, qout.q_stride, qout.s,
-        qout.s_stride, spec.ue8m0 ? 1 : 0, spec.min_scale);
+    launch_pdl(after_route, moe_align_quant_kernel<float>, dim3(grid), dim3(kAlignThreads),
+               static_cast<size_t>(smem), stream, topk_ids, num_valid, expert_map, E_global,
+               E_local, bm, capacity, out.sorted_ids, out.expert_blk, out.meta, out.expert_count,
+               out.expert_off, out.pair_pos, static_cast<const float*>(x), x_stride, M, topk, rs,
+               cols, qout.q, qout.q_stride, qout.s, qout.s_stride, ue8m0, spec.min_scale);
   else
-    moe_align_quant_kernel<uint16_t><<<grid, kAlignThreads, smem, stream>>>(
-        topk_ids, num_valid, expert_map, E_global, E_local, bm, capacity, out.sorted_ids,
-        out.expert_blk, out.meta, out.expert_count, out.expert_off, out.pair_pos,
-        static_cast<const uint16_t*>(x), x_stride, M, topk, rs, cols, qout.q, qout.q_stride,
-        qout.s, qout.s_stride, spec.ue8m0 ? 1 : 0, spec.min_scale);
-  FP8MOE_CUDA_CHECK_LAUNCH();
+    launch_pdl(after_route, moe_align_quant_kernel<uint16_t>, dim3(grid), dim3(kAlignThreads),
+               static_cast<size_t>(smem), stream, topk_ids, num_valid, expert_map, E_global,
+               E_local, bm, capacity, out.sorted_ids, out.expert_blk, out.meta, out.expert_count,
+               out.expert_off, out.pair_pos, static_cast<const uint16_t*>(x), x_stride, M, topk, rs,
+               cols, qout.q, qout.q_stride, qout.s, qout.s_stride, ue8m0, spec.min_scale);
 }
 
 }  // namespace fp8moe::cuda
