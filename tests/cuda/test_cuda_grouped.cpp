@@ -32,6 +32,7 @@
 #include "kernels/cuda/fused_moe_cuda.hpp"
 #include "kernels/cuda/grouped_moe_cuda.hpp"
 #include "kernels/cuda/moe_launchers.hpp"
+#include "kernels/cuda/moe_problem.hpp"
 #include "kernels/cuda/sm90_fp8_grouped_gemm.hpp"
 #include "kernels/registry.hpp"
 
@@ -1174,6 +1175,49 @@ TEST(CudaGroupedSelection, RegistryLimitsAndShapeRule) {
   pt.scale.group_shape = kPerTensor;
   EXPECT_FALSE(g.supports_config(cfg, pt, ak).ok);
   EXPECT_FALSE(g.supports_config(cfg, std::nullopt, std::nullopt).ok);
+}
+
+// The one-line plan describe_call gives for the grouped path (runs anywhere: no tensor data): the
+// m-block and kernel from the rows per expert, each GEMM's tile by the rules, which small kernels
+// run. The expectations hold for the defaults (no FP8MOE_GROUPED_* variable set).
+TEST(CudaGroupedSelection, PlanNamesTheKernelsTheRulesChoose) {
+  for (const char* v : {"FP8MOE_GROUPED_TILE_M", "FP8MOE_GROUPED_SWAP", "FP8MOE_GROUPED_SWAP_NB",
+                        "FP8MOE_GROUPED_TILE_N", "FP8MOE_GROUPED_SWAP_FUSE",
+                        "FP8MOE_GROUPED_ALIGN_QUANT", "FP8MOE_GROUPED_FUSE_ACT"})
+    if (std::getenv(v)) GTEST_SKIP() << v << " is set";
+  cuda::MoeProblem p;  // DeepSeek-V3 TP8
+  p.H = 7168;
+  p.I = 256;
+  p.N1 = 512;
+  p.E = p.E_global = 256;
+  p.topk = 8;
+  p.route_in_kernel = true;
+  const auto has = [](const std::string& s, const char* part) {
+    return s.find(part) != std::string::npos;
+  };
+  p.M = 32;  // 1 row per expert
+  std::string s = cuda::grouped_problem_plan(p);
+  EXPECT_TRUE(has(s, "1.0 rows per expert; 16-token m-blocks")) << s;
+  EXPECT_TRUE(has(s, "routing kernel")) << s;
+  EXPECT_TRUE(has(s, "alignment, then x quantised")) << s;
+  EXPECT_TRUE(has(s, "GEMM1 (N 512, K 7168): 1 n-block of 128 rows per tile")) << s;
+  EXPECT_TRUE(has(s, "activation and h's quantisation kernel")) << s;
+  EXPECT_TRUE(has(s, "GEMM2 (N 7168, K 256): 4 n-blocks of 128 rows per tile")) << s;
+  p.M = 8192;  // 256 rows per expert
+  s = cuda::grouped_problem_plan(p);
+  EXPECT_TRUE(has(s, "256.0 rows per expert; 128-row m-blocks")) << s;
+  EXPECT_TRUE(has(s, "GEMM1 (N 512, K 7168): 128 x 256 tiles")) << s;
+  p.M = 40000;  // chunks of 16,384 tokens
+  s = cuda::grouped_problem_plan(p);
+  EXPECT_TRUE(has(s, "(chunks of 16384 tokens)")) << s;
+  p.M = 0;
+  EXPECT_EQ(cuda::grouped_problem_plan(p), "no tokens: nothing runs");
+  // the tuning table's n-blocks reach both GEMMs (GEMM1's K = 7168 holds one)
+  p.M = 32;
+  p.swap_nb = 2;
+  s = cuda::grouped_problem_plan(p);
+  EXPECT_TRUE(has(s, "GEMM2 (N 7168, K 256): 2 n-blocks")) << s;
+  EXPECT_TRUE(has(s, "GEMM1 (N 512, K 7168): 1 n-block of")) << s;
 }
 
 TEST(CudaGrouped, LimitsAreClearErrors) {

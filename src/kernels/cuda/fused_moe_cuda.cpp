@@ -717,8 +717,16 @@ void set_bench_gemm_only(bool on) { g_gemm_only.store(on); }
 
 static std::string describe_call(const FusedMoeArgs& args) {
   std::string why;
-  const Path path = choose(make_problem(args), &why);
-  return fmt::format("{} path ({})", path_name(path), why);
+  const MoeProblem p = make_problem(args);
+  int swap_nb = 0;
+  const Path path = choose(p, &why, &swap_nb);
+  std::string s = fmt::format("{} path ({})", path_name(path), why);
+  if (path == Path::kGrouped) {
+    MoeProblem q = p;
+    q.swap_nb = swap_nb;  // the tuned table's n-blocks, as run() passes them
+    s += ": " + grouped_problem_plan(q);
+  }
+  return s;
 }
 
 const ExpertsImpl& fused_impl() {

@@ -351,6 +351,52 @@ std::size_t grouped_problem_workspace(const MoeProblem& p) {
 
 std::string grouped_problem_limit(const MoeProblem& p) { return limit_of(p, false); }
 
+namespace {
+// One GEMM of the plan: the kernel, its tile and what its epilogue does.
+std::string gemm_plan(const char* name, const MoeProblem& p, int64_t bm, int64_t N, int64_t K,
+                      bool fuse) {
+  GroupedGemmParams g;
+  g.tile_m = static_cast<int32_t>(bm);
+  g.N = static_cast<int32_t>(N);
+  g.K = static_cast<int32_t>(K);
+  g.swap_nb = p.swap_nb;
+  g.fuse_act = fuse ? 1 : 0;
+  std::string s;
+  if (bm < 128) {
+    const int nb = fuse ? 2 : grouped_swap_nb(g);
+    s = fmt::format("{} (N {}, K {}): {}", name, N, K,
+                    fuse ? "a gate and an up n-block of 128 rows per tile"
+                         : fmt::format("{} n-block{} of 128 rows per tile", nb, nb > 1 ? "s" : ""));
+  } else {
+    s = fmt::format("{} (N {}, K {}): 128 x {} tiles", name, N, K,
+                    fuse ? 256 : grouped_tile_n(g));  // the fused epilogue: the 256 tile
+  }
+  return s;
+}
+}  // namespace
+
+std::string grouped_problem_plan(const MoeProblem& p) {
+  if (p.M == 0) return "no tokens: nothing runs";
+  const int64_t m = chunk_of(p);
+  const double rpe = double(m * p.topk) / double(p.E);
+  const int64_t bm = tile_m_for(rpe);
+  const bool fuse = fuse_act_wanted(p, bm);
+  const int pairs = static_cast<int>(m * p.topk);
+  std::string s = fmt::format("{:.1f} rows per expert{}; ", rpe,
+                              m < p.M ? fmt::format(" (chunks of {} tokens)", m) : std::string());
+  s += bm < 128 ? fmt::format("{}-token m-blocks (swapped operands: no 128-row padding)", bm)
+                : std::string("128-row m-blocks");
+  s += p.route_in_kernel ? "; routing kernel" : "; routing given";
+  s += align_quant_wanted(p, pairs) ? "; alignment and x quantisation in one kernel"
+                                    : "; alignment, then x quantised into the sorted rows";
+  s += "; " + gemm_plan("GEMM1", p, bm, p.N1, p.H, fuse);
+  s += fuse ? " with the activation and h's 1x128 quantisation in its epilogue"
+            : "; activation and h's quantisation kernel";
+  s += "; " + gemm_plan("GEMM2", p, bm, p.H, p.I, false);
+  s += " scattered to (token, slot) rows with the router weight; top-k sum";
+  return s;
+}
+
 void run_grouped_problem(const MoeProblem& p, void* workspace) {
   require(p, "cuda_grouped", false);
   if (p.M == 0) return;
@@ -548,6 +594,9 @@ const ExpertsImpl& grouped_impl() {
     i.available = available;
     i.workspace_size = contiguous_workspace;
     i.run = run_contiguous;
+    i.describe_call = [](const FusedMoeArgs& args) {
+      return "grouped GEMMs (DEEPGEMM contract): " + grouped_problem_plan(make_problem(args));
+    };
     return i;
   }();
   return impl;
@@ -562,6 +611,22 @@ const ExpertsImpl& grouped_masked_impl() {
     i.available = available;
     i.workspace_size = masked_workspace;
     i.run = run_masked;
+    i.describe_call = [](const FusedMoeArgs& args) {
+      const MaskedProblem mp = masked_problem(args);
+      const MoeProblem& p = mp.p;
+      const int64_t bm = tile_m_for(double(mp.max_m));
+      const bool fuse = fuse_act_wanted(p, bm);
+      return fmt::format(
+          "grouped GEMMs, masked layout (BATCHED_DEEPGEMM contract): {} experts x {} rows; {}; "
+          "x quantised per slab row; {}{}; {} into the output slabs",
+          mp.E, mp.max_m,
+          bm < 128 ? fmt::format("{}-token m-blocks (swapped operands)", bm)
+                   : std::string("128-row m-blocks"),
+          gemm_plan("GEMM1", p, bm, p.N1, p.H, fuse),
+          fuse ? " with the activation and h's 1x128 quantisation in its epilogue"
+               : "; activation and h's quantisation kernel",
+          gemm_plan("GEMM2", p, bm, p.H, p.I, false));
+    };
     return i;
   }();
   return impl;

@@ -34,6 +34,10 @@ std::string grouped_limit(const FusedMoeArgs& args);
 // this path also takes one weight scale per expert (per-tensor) with per-token or per-tensor
 // (static or dynamic) activation scales: the same kernels with zero scale strides.
 std::string grouped_problem_limit(const MoeProblem& p);
+// How the grouped path would run p, in one line for describe_call (the m-block and kernel, each
+// GEMM's tile, which small kernels run or are fused, per the rules and the opt-in variables now).
+// Reads no tensor data; does not check the limits (grouped_problem_limit).
+std::string grouped_problem_plan(const MoeProblem& p);
 std::size_t grouped_problem_workspace(const MoeProblem& p);
 void run_grouped_problem(const MoeProblem& p, void* workspace);
 
