@@ -79,6 +79,34 @@ AlignResult run_align(const Tensor& ids, const Tensor* map, const AlignCase& c, 
           to_host<int32_t>(cnt),    to_host<int32_t>(off), to_host<int32_t>(ppos)};
 }
 
+// Random top-k ids for num_valid pairs (3% dropped: -1), optionally an expert map (every
+// (E_global / E_local)-th expert local, the others on other ranks), their local experts, and the
+// sorted capacity for m-block bm.
+struct RandomIds {
+  std::vector<int32_t> ids, map;
+  bool mapped = false;
+  int E_global = 0;
+  int local(int32_t gid) const {
+    if (gid < 0 || gid >= E_global) return -1;
+    return mapped ? map[gid] : gid;
+  }
+};
+RandomIds random_ids(int num_valid, int E_global, int E_local, bool mapped, std::mt19937& rng) {
+  RandomIds r;
+  r.mapped = mapped;
+  r.E_global = E_global;
+  std::uniform_int_distribution<int> pick(0, E_global - 1), drop(0, 99);
+  r.ids.resize(num_valid);
+  for (auto& v : r.ids) v = drop(rng) < 3 ? -1 : pick(rng);
+  r.map.assign(E_global, -1);
+  if (mapped)
+    for (int g = 0, l = 0; g < E_global && l < E_local; g += E_global / E_local) r.map[g] = l++;
+  return r;
+}
+int sorted_capacity(int num_valid, int E_local, int bm) {
+  return (num_valid + std::min(E_local, num_valid) * (bm - 1) + bm - 1) / bm * bm;
+}
+
 TEST(CudaAuxKernels, ManyBlockAlignmentMatchesOneBlock) {
   SKIP_WITHOUT_GPU();
   for (const AlignCase c :
@@ -88,20 +116,11 @@ TEST(CudaAuxKernels, ManyBlockAlignmentMatchesOneBlock) {
     SCOPED_TRACE(::testing::Message() << "pairs " << c.num_valid << " E " << c.E_global << "/"
                                       << c.E_local << " bm " << c.bm);
     std::mt19937 rng(c.num_valid);
-    std::uniform_int_distribution<int> pick(0, c.E_global - 1), drop(0, 99);
-    std::vector<int32_t> ids(c.num_valid);
-    for (auto& v : ids) v = drop(rng) < 3 ? -1 : pick(rng);
-    std::vector<int32_t> map(c.E_global, -1);
-    if (c.map)  // every fourth expert is local (the others on other ranks)
-      for (int g = 0, l = 0; g < c.E_global && l < c.E_local; g += c.E_global / c.E_local)
-        map[g] = l++;
-    const auto local = [&](int32_t gid) {
-      if (gid < 0 || gid >= c.E_global) return -1;
-      return c.map ? map[gid] : gid;
-    };
-    const Tensor dids = to_device(ids, DType::kI32), dmap = to_device(map, DType::kI32);
-    const int capacity =
-        (c.num_valid + std::min(c.E_local, c.num_valid) * (c.bm - 1) + c.bm - 1) / c.bm * c.bm;
+    const RandomIds ri = random_ids(c.num_valid, c.E_global, c.E_local, c.map, rng);
+    const std::vector<int32_t>& ids = ri.ids;
+    const auto local = [&](int32_t gid) { return ri.local(gid); };
+    const Tensor dids = to_device(ids, DType::kI32), dmap = to_device(ri.map, DType::kI32);
+    const int capacity = sorted_capacity(c.num_valid, c.E_local, c.bm);
     const AlignResult one = run_align(dids, c.map ? &dmap : nullptr, c, capacity, INT64_MAX);
     const AlignResult many = run_align(dids, c.map ? &dmap : nullptr, c, capacity, 0);
     EXPECT_EQ(many.meta[0], one.meta[0]);
@@ -225,21 +244,12 @@ TEST(CudaAuxKernels, AlignQuantMatchesAlignThenQuantScatter) {
                                       << "/" << c.E_local << " bm " << c.bm << " cols " << c.cols);
     std::mt19937 rng(c.M * 7 + c.cols);
     const int num_valid = c.M * c.topk;
-    std::uniform_int_distribution<int> pick(0, c.E_global - 1), drop(0, 99);
-    std::vector<int32_t> ids(num_valid);
-    for (auto& v : ids) v = drop(rng) < 3 ? -1 : pick(rng);
-    std::vector<int32_t> map(c.E_global, -1);
-    if (c.map)
-      for (int g = 0, l = 0; g < c.E_global && l < c.E_local; g += c.E_global / c.E_local)
-        map[g] = l++;
-    const auto local = [&](int32_t gid) {
-      if (gid < 0 || gid >= c.E_global) return -1;
-      return c.map ? map[gid] : gid;
-    };
-    const Tensor dids = to_device(ids, DType::kI32), dmap = to_device(map, DType::kI32);
+    const RandomIds ri = random_ids(num_valid, c.E_global, c.E_local, c.map, rng);
+    const std::vector<int32_t>& ids = ri.ids;
+    const auto local = [&](int32_t gid) { return ri.local(gid); };
+    const Tensor dids = to_device(ids, DType::kI32), dmap = to_device(ri.map, DType::kI32);
     const int32_t* dmap_p = c.map ? static_cast<const int32_t*>(dmap.data()) : nullptr;
-    const int capacity =
-        (num_valid + std::min(c.E_local, num_valid) * (c.bm - 1) + c.bm - 1) / c.bm * c.bm;
+    const int capacity = sorted_capacity(num_valid, c.E_local, c.bm);
     const std::vector<float> xv = randn(size_t(c.M) * c.cols, rng, 2.0f);
     const Tensor x = strided(xv, c.M, c.cols, c.cols, c.f32);
     const std::vector<float> w = randn(size_t(c.M), rng, 1.0f);

@@ -60,27 +60,13 @@ __global__ void __launch_bounds__(kAlignThreads)
     const bool ok = idx < my_chunks;  // uniform per group
     t = static_cast<int>(blockIdx.x) + (idx / c8_per_row) * static_cast<int>(gridDim.x);
     c8 = idx % c8_per_row;
-    float amax = 0.0f;
-    if (ok) {
-      load8<T>(x + int64_t(t) * x_stride + c8 * 8, v);
-#pragma unroll
-      for (int i = 0; i < 8; ++i) {
-        v[i] = row_scale_apply(rs, v[i], t, sizeof(T) == 2);
-        amax = fmaxf(amax, fabsf(v[i]));
-      }
-    }
-    amax = group_max<kTpg>(amax);
+    const float amax = group_max<kTpg>(token_load8<T>(x, x_stride, rs, t, c8, ok, v));
     s = group_scale(amax, ue8m0 != 0, min_scale);
     return ok;
   };
   auto store = [&](const float(&v)[8], float s, int t, int c8) {
-    const uint2 qv = quant8(v, s);
-    for (int k = 0; k < topk; ++k) {
-      const int p = pos[t * topk + k];
-      if (p < 0) continue;
-      *reinterpret_cast<uint2*>(q + int64_t(p) * q_stride + c8 * 8) = qv;
-      if ((c8 % kTpg) == 0) s_out[int64_t(p) * s_stride + c8 / kTpg] = s;
-    }
+    scatter8<kTpg>(
+        v, s, topk, [&](int k) { return pos[t * topk + k]; }, c8, q, q_stride, s_out, s_stride);
   };
   // the first pass's loads and scales, before the alignment (and before the routing has finished,
   // unless a row scale is applied: the router weights come from the routing kernel)
