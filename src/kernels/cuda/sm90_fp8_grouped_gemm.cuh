@@ -1268,45 +1268,45 @@ __global__ void __launch_bounds__(kGThreads, 1)
     if constexpr (kFuse) {
       gg_swap_fused_act_quant<kTN>(p, g, acc0, acc1, reinterpret_cast<float*>(my_out), s_dst[cw],
                                    bar_id, wtid, wr, q);
-      continue;
-    }
+    } else {
 #pragma unroll
-    for (int j = 0; j < kNB; ++j) {
-      const int n0 = (g.nt * kNB + j) * kGBN;
-      float bias_v[4] = {0.0f, 0.0f, 0.0f, 0.0f};  // weight rows wr, wr + 8, 64 + wr, 72 + wr
-      if (p.bias) {
+      for (int j = 0; j < kNB; ++j) {
+        const int n0 = (g.nt * kNB + j) * kGBN;
+        float bias_v[4] = {0.0f, 0.0f, 0.0f, 0.0f};  // weight rows wr, wr + 8, 64 + wr, 72 + wr
+        if (p.bias) {
 #pragma unroll
-        for (int h = 0; h < 4; ++h) {
-          const int64_t bi = int64_t(g.e) * p.N + n0 + 64 * (h >> 1) + wr + 8 * (h & 1);
-          bias_v[h] = p.bias_bf16 ? bf16_bits_to_float(static_cast<const uint16_t*>(p.bias)[bi])
-                                  : static_cast<const float*>(p.bias)[bi];
-        }
-      }
-#pragma unroll
-      for (int i = 0; i < kTN / 8; ++i)
-#pragma unroll
-        for (int c = 0; c < 2; ++c) {
-          const int tok = 8 * i + 2 * q + c;
-          const float w = s_w[cw][tok];
-#pragma unroll
-          for (int h = 0; h < 2; ++h) {
-            my_out[tok * C::kEpiPitch + j * kGBN + wr + 8 * h] =
-                float_to_bf16_bits((acc0[j][4 * i + 2 * h + c] + bias_v[h]) * w);
-            my_out[tok * C::kEpiPitch + j * kGBN + 64 + wr + 8 * h] =
-                float_to_bf16_bits((acc1[j][4 * i + 2 * h + c] + bias_v[2 + h]) * w);
+          for (int h = 0; h < 4; ++h) {
+            const int64_t bi = int64_t(g.e) * p.N + n0 + 64 * (h >> 1) + wr + 8 * (h & 1);
+            bias_v[h] = p.bias_bf16 ? bf16_bits_to_float(static_cast<const uint16_t*>(p.bias)[bi])
+                                    : static_cast<const float*>(p.bias)[bi];
           }
         }
-    }
-    gg_bar(bar_id, 128);
-    // kTN rows x kNB * 256 bytes: 16 * kNB lanes per row
-    const int n0 = g.nt * C::kCols;
-    for (int i = wtid; i < kTN * 16 * kNB; i += 128) {
-      const int r = i / (16 * kNB), c = i % (16 * kNB);
-      const int dst = s_dst[cw][r];
-      if (dst < 0) continue;
-      *reinterpret_cast<uint4*>(p.out + int64_t(dst) * p.out_stride + n0 + c * 8) =
-          *reinterpret_cast<const uint4*>(my_out + r * C::kEpiPitch + c * 8);
-    }
+#pragma unroll
+        for (int i = 0; i < kTN / 8; ++i)
+#pragma unroll
+          for (int c = 0; c < 2; ++c) {
+            const int tok = 8 * i + 2 * q + c;
+            const float w = s_w[cw][tok];
+#pragma unroll
+            for (int h = 0; h < 2; ++h) {
+              my_out[tok * C::kEpiPitch + j * kGBN + wr + 8 * h] =
+                  float_to_bf16_bits((acc0[j][4 * i + 2 * h + c] + bias_v[h]) * w);
+              my_out[tok * C::kEpiPitch + j * kGBN + 64 + wr + 8 * h] =
+                  float_to_bf16_bits((acc1[j][4 * i + 2 * h + c] + bias_v[2 + h]) * w);
+            }
+          }
+      }
+      gg_bar(bar_id, 128);
+      // kTN rows x kNB * 256 bytes: 16 * kNB lanes per row
+      const int n0 = g.nt * C::kCols;
+      for (int i = wtid; i < kTN * 16 * kNB; i += 128) {
+        const int r = i / (16 * kNB), c = i % (16 * kNB);
+        const int dst = s_dst[cw][r];
+        if (dst < 0) continue;
+        *reinterpret_cast<uint4*>(p.out + int64_t(dst) * p.out_stride + n0 + c * 8) =
+            *reinterpret_cast<const uint4*>(my_out + r * C::kEpiPitch + c * 8);
+      }
+    }  // kFuse
   }
 }
 
