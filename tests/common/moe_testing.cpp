@@ -790,8 +790,13 @@ bool is_nan_at(const TensorView& t, int64_t i) {
       return std::isnan(num::bf16_to_float(t.ptr<const uint16_t>()[i]));
     case DType::kF16:
       return std::isnan(num::f16_to_float(t.ptr<const uint16_t>()[i]));
-    default:
-      return t.ptr<const uint8_t>()[i] == 0xFF;
+    default: {  // integer and byte tensors: element i is all 0xFF bytes (fill_nan_host)
+      const int64_t w = static_cast<int64_t>(dtype_size(t.dtype));
+      const uint8_t* e = t.ptr<const uint8_t>() + i * w;
+      for (int64_t k = 0; k < w; ++k)
+        if (e[k] != 0xFF) return false;
+      return true;
+    }
   }
 }
 }  // namespace

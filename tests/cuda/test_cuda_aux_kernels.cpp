@@ -8,7 +8,8 @@
 //   (chosen by an unaligned row stride), gathered sorted rows with a row scale, bf16 and f32;
 // - the fused activation + per-token / static per-tensor quantisation against launch_activation
 //   followed by the scalar quantiser;
-// - the 16-byte top-k sum against the scalar kernel (chosen by an unaligned output).
+// - the 16-byte top-k sum against the scalar kernel (chosen by an unaligned output) and both
+//   against the sum computed on the host.
 // All bitwise, on random (non-exact) data with saturating values.
 #include <cuda_runtime_api.h>
 #include <gtest/gtest.h>
@@ -107,6 +108,34 @@ int sorted_capacity(int num_valid, int E_local, int bm) {
   return (num_valid + std::min(E_local, num_valid) * (bm - 1) + bm - 1) / bm * bm;
 }
 
+// The tables of moe_align_block_size computed here (spec/numerics.md §2), not by the device's
+// align_tables: pairs per local expert, the exclusive prefix of the counts padded to bm, the padded
+// total, and the expert of each bm-row block (-1 past the total).
+struct HostTables {
+  std::vector<int32_t> cnt, off, blk;
+  int32_t total = 0;
+};
+HostTables host_tables(const RandomIds& ri, int E_local, int bm, int capacity) {
+  HostTables h;
+  h.cnt.assign(E_local, 0);
+  for (const int32_t gid : ri.ids)
+    if (const int e = ri.local(gid); e >= 0) ++h.cnt[e];
+  h.off.assign(E_local + 1, 0);
+  for (int e = 0; e < E_local; ++e) h.off[e + 1] = h.off[e] + (h.cnt[e] + bm - 1) / bm * bm;
+  h.total = h.off[E_local];
+  h.blk.assign(capacity / bm, -1);
+  for (int e = 0; e < E_local; ++e)
+    for (int row = h.off[e]; row < h.off[e + 1]; row += bm) h.blk[row / bm] = e;
+  return h;
+}
+void expect_tables(const AlignResult& r, const HostTables& h, const char* what) {
+  SCOPED_TRACE(what);
+  EXPECT_EQ(r.meta[0], h.total);
+  EXPECT_EQ(r.cnt, h.cnt);
+  EXPECT_EQ(r.off, h.off);
+  EXPECT_EQ(r.blk, h.blk);
+}
+
 TEST(CudaAuxKernels, ManyBlockAlignmentMatchesOneBlock) {
   SKIP_WITHOUT_GPU();
   for (const AlignCase c :
@@ -123,6 +152,9 @@ TEST(CudaAuxKernels, ManyBlockAlignmentMatchesOneBlock) {
     const int capacity = sorted_capacity(c.num_valid, c.E_local, c.bm);
     const AlignResult one = run_align(dids, c.map ? &dmap : nullptr, c, capacity, INT64_MAX);
     const AlignResult many = run_align(dids, c.map ? &dmap : nullptr, c, capacity, 0);
+    const HostTables host = host_tables(ri, c.E_local, c.bm, capacity);
+    expect_tables(one, host, "one block against the host");
+    expect_tables(many, host, "many blocks against the host");
     EXPECT_EQ(many.meta[0], one.meta[0]);
     EXPECT_EQ(many.cnt, one.cnt);
     EXPECT_EQ(many.off, one.off);
@@ -292,6 +324,7 @@ TEST(CudaAuxKernels, AlignQuantMatchesAlignThenQuantScatter) {
                  to_host<float>(ds)};
     };
     const Out ref = run(false), got = run(true), again = run(true);
+    expect_tables(got.al, host_tables(ri, c.E_local, c.bm, capacity), "against the host");
     EXPECT_EQ(got.al.meta[0], ref.al.meta[0]);
     EXPECT_EQ(got.al.cnt, ref.al.cnt);
     EXPECT_EQ(got.al.off, ref.al.off);
@@ -490,7 +523,8 @@ TEST(CudaAuxKernels, VectorisedTopkSumMatchesScalar) {
         std::vector<int32_t> emap(E);
         for (int e = 0; e < E; ++e) emap[e] = e % 3 == 0 ? -1 : e / 2;
         const Tensor dids = to_device(ids, DType::kI32), dmap = to_device(emap, DType::kI32);
-        const Tensor y2 = strided(randn(size_t(M) * topk * H, rng, 4.0f), M * topk, H, H, y_f32);
+        const std::vector<float> yv = randn(size_t(M) * topk * H, rng, 4.0f);
+        const Tensor y2 = strided(yv, M * topk, H, H, y_f32);
         const int ob = o_f32 ? 4 : 2;
         std::vector<std::vector<uint8_t>> outs;
         for (const int shift : {0, 1}) {  // aligned: 16-byte kernel; shifted by one element: scalar
@@ -505,6 +539,28 @@ TEST(CudaAuxKernels, VectorisedTopkSumMatchesScalar) {
           outs.emplace_back(h.begin() + shift * ob, h.begin() + shift * ob + int64_t(M) * H * ob);
         }
         EXPECT_EQ(outs[0], outs[1]);
+        // the sum computed here (spec/numerics.md §6): f32 over the computed slots in slot order,
+        // one rounding
+        std::vector<uint8_t> want(size_t(M) * H * ob);
+        for (int t = 0; t < M; ++t)
+          for (int c = 0; c < H; ++c) {
+            float acc = 0.0f;
+            for (int j = 0; j < topk; ++j) {
+              const int32_t gid = ids[size_t(t) * topk + j];
+              const int e = gid < 0 || gid >= E ? -1 : (map ? emap[gid] : gid);
+              if (e < 0) continue;
+              const float y = yv[(size_t(t) * topk + j) * H + c];
+              acc += y_f32 ? y : numerics::bf16_round(y);
+            }
+            const size_t at = (size_t(t) * H + c) * ob;
+            if (o_f32) {
+              std::memcpy(&want[at], &acc, 4);
+            } else {
+              const uint16_t b = numerics::float_to_bf16(acc);
+              std::memcpy(&want[at], &b, 2);
+            }
+          }
+        EXPECT_TRUE(outs[0] == want) << "the device sum differs from the host's";
         int64_t nonzero = 0;
         for (const uint8_t b : outs[0]) nonzero += b != 0 && b != 0xFF;
         EXPECT_GT(nonzero, int64_t(M) * H * ob / 2);

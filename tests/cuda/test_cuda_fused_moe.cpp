@@ -578,6 +578,10 @@ TEST_P(CudaStatistical, WithinVllmToleranceOnEveryPath) {  // pitfall 7 (the odd
     const Tensor got = first_rows(r.out_host, n_ref);
     const auto cmp = testing::compare_close(got, expected, tol, tol);
     EXPECT_TRUE(cmp.ok) << cmp.str();
+    // vLLM's tolerance alone can pass an all-zero output where the outputs are small (K = 128:
+    // |out| <~ 0.005 with these data); the mean relative error (1.0 for zeros, ~1e-6 for the CPU
+    // kernels against the same reference) cannot
+    EXPECT_LT(cmp.mean_rel_abs_err, 0.02) << cmp.str();
     ++ran;
   }
   EXPECT_GE(ran, 1);

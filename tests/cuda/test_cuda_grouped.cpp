@@ -1008,6 +1008,8 @@ TEST_P(CudaGroupedStatistical, WithinVllmTolerance) {
   EXPECT_TRUE(r.all_written) << r.write_message;
   const auto cmp = testing::compare_close(r.out_host, expected, 0.035, 0.035);
   EXPECT_TRUE(cmp.ok) << cmp.str();
+  // the tolerance alone passes an all-zero output where the outputs are small (CudaStatistical)
+  EXPECT_LT(cmp.mean_rel_abs_err, 0.02) << cmp.str();
 }
 
 INSTANTIATE_TEST_SUITE_P(Cases, CudaGroupedStatistical, ::testing::ValuesIn(stat_cases()),

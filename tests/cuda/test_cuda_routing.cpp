@@ -144,6 +144,10 @@ DeviceRoute run_case(const RouteCase& c, bool bf16, bool one_warp_per_token) {
   Tensor bd = bh.to(Device::cuda());
   Tensor ids_d = Tensor::empty({M, c.topk}, DType::kI32, Device::cuda());
   Tensor w_d = Tensor::empty({M, c.topk}, DType::kF32, Device::cuda());
+  // poisoned: a routine that skips a token must not inherit an earlier run's ids from a reused
+  // allocation
+  EXPECT_EQ(cudaMemset(ids_d.data(), 0xFF, ids_d.nbytes()), cudaSuccess);
+  EXPECT_EQ(cudaMemset(w_d.data(), 0xFF, w_d.nbytes()), cudaSuccess);
   RoutingConfig dcfg = cfg;
   if (c.bias) dcfg.e_score_correction_bias = bd.view();
   cuda::device_route(ld.view(), dcfg, static_cast<int32_t*>(ids_d.data()),
