@@ -479,6 +479,9 @@ struct FuseCase {
   bool limit, fp32_silu, ue8m0, bias, masked;
   int tm = 128;  // m-block: 128 (the 256 tile) or 16 (the swapped kernel)
   int K = 384;
+  // times the weight and activation scales: 30 makes h large enough that the fused SiLU+quant
+  // semantics take amax / 448 rather than their scale floor (1 / (448 * 512)) for most groups
+  float scale = 1.0f;
 };
 
 class CudaGroupedFusedAct : public ::testing::TestWithParam<FuseCase> {};
@@ -494,7 +497,7 @@ TEST_P(CudaGroupedFusedAct, BitwiseEqualToTheUnfusedChain) {
   g.b.resize(size_t(E) * N * K);
   for (auto& c : g.b) c = numerics::float_to_e4m3fn(nd(rng));
   g.b_scale.resize(size_t(E) * (N / 128) * (K / 128));
-  for (auto& x : g.b_scale) x = 0.01f * ud(rng);
+  for (auto& x : g.b_scale) x = 0.01f * fc.scale * ud(rng);
   if (fc.bias) {
     g.bias.resize(size_t(E) * N);
     for (auto& x : g.bias) x = 0.5f * nd(rng);
@@ -525,7 +528,7 @@ TEST_P(CudaGroupedFusedAct, BitwiseEqualToTheUnfusedChain) {
   std::vector<uint8_t> a(size_t(rows) * K);
   for (auto& c : a) c = numerics::float_to_e4m3fn(nd(rng));
   std::vector<float> as(size_t(rows) * (K / 128));
-  for (auto& x : as) x = 0.02f * ud(rng);
+  for (auto& x : as) x = 0.02f * fc.scale * ud(rng);
   const Tensor da = to_device(a, DType::kU8), das = to_device(as, DType::kF32);
   const Tensor db = to_device(g.b, DType::kU8), dbs = to_device(g.b_scale, DType::kF32);
   Tensor dbias;
@@ -651,11 +654,15 @@ TEST_P(CudaGroupedFusedAct, BitwiseEqualToTheUnfusedChain) {
   }
   ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
   const Tensor hq0 = q0.to(Device::cpu()), hs0 = s0.to(Device::cpu());
-  int64_t stored = 0;
+  int64_t stored = 0, above_floor = 0;
   for (int64_t i = 0; i < rows * (I / 128); ++i) {
     uint32_t b0;
     std::memcpy(&b0, hs0.ptr<float>() + i, 4);
     stored += b0 != 0xFFFFFFFFu;
+    above_floor += b0 != 0xFFFFFFFFu && hs0.ptr<float>()[i] > min_scale;
+  }
+  if (fc.scale > 1.0f) {
+    EXPECT_GT(above_floor, stored / 2) << "the data do not reach the computed scales";
   }
   for (const auto& [what, q, s] :
        {std::tuple{"fused epilogue", &q1, &s1}, std::tuple{"fused epilogue, 3 CTAs", &q3, &s3},
@@ -695,6 +702,8 @@ INSTANTIATE_TEST_SUITE_P(
         FuseCase{"silu_masked_bias", cuda::Act::kSilu, false, false, false, true, true},
         FuseCase{"silu_limit", cuda::Act::kSilu, true, false, false, false, false},
         FuseCase{"fused_silu_quant", cuda::Act::kSilu, false, true, false, false, false},
+        FuseCase{"fused_silu_quant_computed_scales", cuda::Act::kSilu, false, true, false, false,
+                 false, 128, 384, 30.0f},
         FuseCase{"silu_ue8m0", cuda::Act::kSilu, false, false, true, true, false},
         FuseCase{"gelu", cuda::Act::kGelu, false, false, false, false, true},
         FuseCase{"swigluoai_uninterleave", cuda::Act::kSwigluOaiUninterleave, false, false, false,
@@ -705,6 +714,8 @@ INSTANTIATE_TEST_SUITE_P(
         FuseCase{"tm16_silu_limit_long_k", cuda::Act::kSilu, true, false, false, false, false, 16,
                  8192},
         FuseCase{"tm16_fused_silu_quant", cuda::Act::kSilu, false, true, false, false, false, 16},
+        FuseCase{"tm16_fused_silu_quant_computed_scales", cuda::Act::kSilu, false, true, false,
+                 false, true, 16, 384, 30.0f},
         FuseCase{"tm16_silu_ue8m0_bias", cuda::Act::kSilu, false, false, true, true, false, 16},
         FuseCase{"tm16_gelu_masked", cuda::Act::kGelu, false, false, false, false, true, 16},
         FuseCase{"tm16_swigluoai_uninterleave", cuda::Act::kSwigluOaiUninterleave, false, false,

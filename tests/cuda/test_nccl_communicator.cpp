@@ -28,6 +28,9 @@ TEST(NcclCommunicatorGpu, OneRankAllToAllAndAllReduce) {
   ASSERT_EQ(cudaMalloc(reinterpret_cast<void**>(&send), 3 * sizeof(float)), cudaSuccess);
   ASSERT_EQ(cudaMalloc(reinterpret_cast<void**>(&recv), 3 * sizeof(float)), cudaSuccess);
   cudaMemcpy(send, host.data(), 3 * sizeof(float), cudaMemcpyHostToDevice);
+  // recv poisoned, so the exchange must write it (a reused allocation could hold the values); on
+  // one rank the sum returns its input, so this is a smoke test of the calls, not of the reduction
+  ASSERT_EQ(cudaMemset(recv, 0xFF, 3 * sizeof(float)), cudaSuccess);
   comm->all_to_all_v(send, counts, recv, counts, sizeof(float));
   TensorView t(recv, DType::kF32, {3}, Device::cuda(0));
   comm->all_reduce_sum(t);
