@@ -794,6 +794,9 @@ std::vector<ExactCase> exact_cases() {
   auto add = [&](std::string n, MoeTestSpec s) { v.push_back({std::move(n), s}); };
   for (int64_t M : {1, 33, 200})
     add("M" + std::to_string(M), spec_of(MoeTestMode::kExact, M, 8, 256, 256, 2));
+  // 150 rows per expert: the 128-row m-blocks (the cases above stay at <= 50 rows per expert, the
+  // swapped kernels); GEMM1 (N 512) on the 256-wide tile, GEMM2 (N 384) on the 128-wide one
+  add("M600_128_row_blocks", spec_of(MoeTestMode::kExact, 600, 8, 384, 256, 2));
   {
     auto s = spec_of(MoeTestMode::kExact, 150, 16, 384, 640, 4);
     s.routing = RoutingPattern::kSomeExpertsEmpty;
