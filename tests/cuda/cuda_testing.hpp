@@ -4,6 +4,11 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <cstdint>
+
+#include "common/moe_testing.hpp"
+
 #include "kernels/cuda/fused_moe_cuda.hpp"
 #include "kernels/cuda/grouped_moe_cuda.hpp"
 #include "kernels/cuda/moe_params.hpp"
@@ -43,6 +48,26 @@ inline cuda::ActParams act_params_for_test(cuda::Act act, bool limit, bool fp32_
   }
   ap.fp32_silu = fp32_silu ? 1 : 0;
   return ap;
+}
+
+// Keeps the first non-zero code of every 128-wide K block of every w2 row. With the exact-mode
+// generator, GEMM2's 128-deep partial sums of the thinned w2 have one term each, so they are exact
+// even with Hopper's reduced-precision FP8 accumulation inside wgmma: the sm_90 paths (grouped,
+// wgmma) must then equal the float64 reference bit for bit (with the dense w2 they can differ by
+// an ulp; see test_cuda_grouped.cpp's file comment).
+inline void thin_w2(MoeTestProblem& p) {
+  uint8_t* w = p.w2.ptr<uint8_t>();
+  const int64_t rows = p.w2.size(0) * p.w2.size(1), K = p.w2.size(2);
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t kb = 0; kb < K; kb += 128) {
+      bool seen = false;
+      for (int64_t k = kb; k < std::min(K, kb + 128); ++k) {
+        uint8_t& c = w[r * K + k];
+        if ((c & 0x7F) == 0) continue;
+        if (seen) c = 0;
+        seen = true;
+      }
+    }
 }
 
 }  // namespace fp8moe::testing

@@ -13,6 +13,7 @@
 #include <cstring>
 #include <fstream>
 #include <random>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -21,6 +22,8 @@
 #include "fp8moe/error.hpp"
 #include "fp8moe/numerics.hpp"
 #include "kernels/cuda/fused_moe_cuda.hpp"
+#include "kernels/cuda/moe_paths.hpp"
+#include "kernels/cuda/moe_problem.hpp"
 #include "kernels/cuda/moe_tuning.hpp"
 #include "kernels/registry.hpp"
 
@@ -295,17 +298,83 @@ std::vector<ExactCase> exact_cases() {
   return v;
 }
 
+// The paths an sm_90 GPU with this binary must run a case of these suites on: the paths' limits
+// (fused_moe_cuda.cpp, sm90_fp8_moe_gemm_wgmma.cu, sm89_fp8_moe_stream.cu, grouped_moe_cuda.cpp,
+// sm90_fp8_moe_single.cu) restated for the features the cases use. The suites skip a path whose
+// limit declines a case, so without this a path that started declining (a limit written too wide)
+// would silently stop being tested; with it the suites fail there. CudaPathLimits checks this
+// statement against the host-side limits on every machine.
+std::set<Path> sm90_takers(const MoeTestSpec& s) {
+  const MoeScheme& q = s.scheme;
+  const MoeActivation a = s.act.activation;
+  const bool bf16 = s.x_dtype == DType::kBF16;
+  const bool gated = activation_is_gated(a);
+  const bool interleaved = a == MoeActivation::kSwigluOai;
+  const bool sizes128 = s.H % 128 == 0 && s.I % 128 == 0;
+  const bool block = q.weight == WeightScaleKind::kBlock;
+  const bool block128 = block && q.block_n == 128 && q.block_k == 128 &&
+                        q.act == ActQuantKind::kPerGroupDynamic && q.group_k == 128;
+  const bool static_act = q.act == ActQuantKind::kPerTensorStatic;
+  const bool token_act = q.act == ActQuantKind::kPerTokenDynamic;
+  std::set<Path> t{Path::kGeneric};
+  // wgmma: bf16, gated, not interleaved, 128-multiples; 128x128 blocks with 1x128 groups, or
+  // per-tensor / per-channel weights with a static intermediate scale
+  if (bf16 && gated && !interleaved && sizes128 && (block128 || (!block && static_act)))
+    t.insert(Path::kWgmma);
+  // stream: <= 1024 tokens, topk <= 32, 128-multiples, no dynamic per-tensor scale, block weights
+  // with group activations (step 32, 64 or 128) or the others with per-token / static ones
+  const bool stream_scheme =
+      block ? (q.act == ActQuantKind::kPerGroupDynamic && q.block_k == q.group_k &&
+               (q.group_k == 32 || q.group_k == 64 || q.group_k == 128))
+            : (static_act || token_act);
+  if (s.M <= 1024 && s.topk <= 32 && sizes128 && stream_scheme) t.insert(Path::kStream);
+  // grouped: bf16, gated, not interleaved, 128-multiples, <= 1024 local experts; 128x128 blocks
+  // with 1x128 groups, or one weight scale per expert with static or per-token activations
+  const bool one_scale =
+      q.weight == WeightScaleKind::kPerTensor && !s.w13_shard_scales && (static_act || token_act);
+  if (bf16 && gated && !interleaved && sizes128 && s.num_local_experts() <= 1024 &&
+      (block128 || one_scale))
+    t.insert(Path::kGrouped);
+  // single: <= 8 tokens and <= 64 pairs, bf16, gated, not interleaved, no router weight on the
+  // input, no biases, 128x128 blocks with 1x128 groups, 128-multiples, I <= 1024
+  if (s.M <= 8 && s.M * s.topk <= 64 && bf16 && gated && !interleaved &&
+      !s.apply_router_weight_on_input && !s.bias && block128 && sizes128 && s.I <= 1024)
+    t.insert(Path::kSingle);
+  return t;
+}
+
+// On an sm_90 GPU with this binary: every path sm90_takers promises ran (`ran`), and no other.
+void expect_the_paths_the_limits_promise(const MoeTestProblem& p, const std::set<Path>& ran) {
+  if (cuda::device_capability() != 90 || !cuda::kernels_available()) return;
+  const std::set<Path> want = sm90_takers(p.spec);
+  MoeTestProblem d = p.to(Device::cuda());
+  for (Path path : kAllPaths) {
+    if (want.count(path) == ran.count(path)) continue;
+    ADD_FAILURE() << "path " << cuda::path_name(path)
+                  << (ran.count(path) ? " took the case, but sm90_takers says it declines"
+                                      : " declined the case: " + cuda::path_limit(path, d.args()));
+  }
+}
+
 class CudaExact : public ::testing::TestWithParam<ExactCase> {};
 
 // Every path that takes p against the reference: bitwise on the mma.sync paths (generic, stream)
-// and the single path, within a couple of bf16 ulps on the wgmma paths. Returns how many ran.
+// and the single path; on the wgmma paths (wgmma, grouped) within a couple of bf16 ulps, and
+// bitwise again with w2 thinned (testing::thin_w2). On sm_90 the paths that ran must be the ones
+// sm90_takers names. Returns how many ran.
 int expect_exact_on_every_path(const MoeTestProblem& p) {
   const Tensor expected = testing::reference_output(p);
-  int ran = 0;
+  MoeTestProblem thinned = p;  // the wgmma paths' bitwise check (below); w2 is a shared tensor
+  thinned.w2 = p.w2.clone();
+  testing::thin_w2(thinned);
+  Tensor thinned_expected;
+  std::set<Path> ran;
   for (Path path : kAllPaths) {
     MoeTestProblem d = p.to(Device::cuda());
     const std::string limit = cuda::path_limit(path, d.args());
     if (!limit.empty()) continue;
+    if ((path == Path::kWgmma || path == Path::kGrouped) && !thinned_expected.defined())
+      thinned_expected = testing::reference_output(thinned);
     SCOPED_TRACE(std::string("path ") + cuda::path_name(path));
     const RunResult r = run_on_device(cuda::fused_impl(), p, path);
     EXPECT_TRUE(r.canaries_ok);
@@ -322,13 +391,21 @@ int expect_exact_on_every_path(const MoeTestProblem& p) {
       const auto cmp = testing::compare_close(r.out_host, expected, emax * 0x1p-6, 0x1p-7);
       EXPECT_TRUE(cmp.ok) << cmp.str();
       EXPECT_LT(cmp.mean_rel_abs_err, 1e-3) << cmp.str();
+      // The global bound above lets a small output element be wrong by much more than its own
+      // ulps; with w2 thinned to one term per 128-deep partial sum the same path must be bitwise.
+      const RunResult rt = run_on_device(cuda::fused_impl(), thinned, path);
+      EXPECT_TRUE(rt.canaries_ok);
+      EXPECT_TRUE(rt.all_written) << rt.write_message;
+      const auto cmp_t = testing::compare_bitwise(rt.out_host, thinned_expected);
+      EXPECT_TRUE(cmp_t.ok) << "thinned w2: " << cmp_t.str();
     } else {
       const auto cmp = testing::compare_bitwise(r.out_host, expected);
       EXPECT_TRUE(cmp.ok) << cmp.str();
     }
-    ++ran;
+    ran.insert(path);
   }
-  return ran;
+  expect_the_paths_the_limits_promise(p, ran);
+  return static_cast<int>(ran.size());
 }
 
 TEST_P(CudaExact, BitwiseOnEveryPath) {  // pitfalls 6, 36
@@ -451,7 +528,7 @@ std::vector<StatCase> stat_cases() {
     c.name = "vllm_M" + std::to_string(s.M) + "_N" + std::to_string(s.N) + "_K" +
              std::to_string(s.K) + "_E" + std::to_string(E) + "_k" + std::to_string(topk);
     c.spec = base_stat(s.M, E, s.K, s.N, topk);
-    c.sample_tokens = (s.M * work > 4e8) ? 4 : 0;
+    c.sample_tokens = (s.M * work > 4e8) ? 8 : 0;
     v.push_back(c);
   }
   for (int64_t E : {2, 16})
@@ -521,6 +598,27 @@ std::vector<StatCase> stat_cases() {
     c.spec.scheme.act = ActQuantKind::kPerTokenDynamic;
     v.push_back(c);
   }
+  // Batches past the chunk sizes (the generic and wgmma paths run 8,192 tokens per chunk, the
+  // grouped path 16,384): every case before ended at 8,192 tokens, inside one chunk. The sample
+  // takes the tokens on both sides of each boundary.
+  {
+    StatCase c;
+    c.name = "chunks_M16500";
+    c.spec = base_stat(16500, 16, 512, 256, 4, 8);
+    c.spec.routing_config.method = RoutingMethodType::kRenormalize;
+    c.sample_tokens = 48;
+    v.push_back(c);
+  }
+  {
+    StatCase c;
+    c.name = "chunks_M16500_per_token";
+    c.spec = base_stat(16500, 8, 256, 256, 2, 9);
+    c.spec.scheme.weight = WeightScaleKind::kPerTensor;
+    c.spec.scheme.act = ActQuantKind::kPerTokenDynamic;
+    c.spec.routing_config.method = RoutingMethodType::kRenormalize;
+    c.sample_tokens = 48;
+    v.push_back(c);
+  }
   {  // Mixtral per-tensor (TT), small E already
     StatCase c;
     c.name = "mixtral_tp2_per_tensor_M8";
@@ -533,28 +631,55 @@ std::vector<StatCase> stat_cases() {
   return v;
 }
 
-// The first n rows of a tensor (a copy on the host).
-Tensor first_rows(const Tensor& t, int64_t n) {
+// Rows `idx` of a tensor, in that order (a copy on the host).
+Tensor rows_at(const Tensor& t, const std::vector<int64_t>& idx) {
   if (!t.defined()) return t;
-  const int64_t cols = t.size(0) ? t.numel() / t.size(0) : 0;
+  const std::size_t row =
+      static_cast<std::size_t>(t.size(0) ? t.numel() / t.size(0) : 0) * dtype_size(t.dtype());
   std::vector<int64_t> shape = t.sizes();
-  shape[0] = n;
+  shape[0] = static_cast<int64_t>(idx.size());
   Tensor r = Tensor::empty(std::span<const int64_t>(shape), t.dtype());
-  std::memcpy(r.data(), t.data(), static_cast<std::size_t>(n * cols) * dtype_size(t.dtype()));
+  for (std::size_t i = 0; i < idx.size(); ++i)
+    std::memcpy(static_cast<char*>(r.data()) + i * row,
+                static_cast<const char*>(t.data()) + static_cast<std::size_t>(idx[i]) * row, row);
   return r;
 }
 
-// The first `n` tokens of a problem as a problem of their own (per-token quantisation and routing
-// make each token independent; per-tensor dynamic schemes are not sampled).
-MoeTestProblem first_tokens(const MoeTestProblem& p, int64_t n) {
+// Tokens `idx` of a problem as a problem of their own (per-token quantisation and routing make
+// each token independent; per-tensor dynamic schemes, whose scale depends on the whole batch, are
+// not sampled).
+MoeTestProblem tokens_at(const MoeTestProblem& p, const std::vector<int64_t>& idx) {
+  EXPECT_NE(p.spec.scheme.act, ActQuantKind::kPerTensorDynamic) << "a batch-wide scale";
   MoeTestProblem q = p;
-  q.spec.M = n;
-  q.x = first_rows(p.x, n);
-  q.router_logits = first_rows(p.router_logits, n);
-  q.topk_ids = first_rows(p.topk_ids, n);
-  q.topk_weights = first_rows(p.topk_weights, n);
-  q.out = first_rows(p.out, n);
+  q.spec.M = static_cast<int64_t>(idx.size());
+  q.x = rows_at(p.x, idx);
+  q.router_logits = rows_at(p.router_logits, idx);
+  q.topk_ids = rows_at(p.topk_ids, idx);
+  q.topk_weights = rows_at(p.topk_weights, idx);
+  q.out = rows_at(p.out, idx);
   return q;
+}
+
+// The tokens a large case compares (sorted, distinct): the first and the last, the two on each
+// side of every chunk boundary inside the batch (the generic and wgmma paths' kTokenChunk, the
+// grouped path's 16,384), and the rest drawn at random (fixed seed) up to n. A sample of only the
+// first tokens missed the later chunks and the later expert blocks.
+std::vector<int64_t> sampled_tokens(int64_t M, int64_t n) {
+  if (n >= M) {
+    std::vector<int64_t> all(static_cast<std::size_t>(M));
+    for (int64_t i = 0; i < M; ++i) all[static_cast<std::size_t>(i)] = i;
+    return all;
+  }
+  std::set<int64_t> s{0, M - 1};
+  static_assert(cuda::kGroupedChunkTokens % cuda::kTokenChunk == 0);  // its boundaries too
+  for (int64_t b = cuda::kTokenChunk; b < M; b += cuda::kTokenChunk) {
+    s.insert(b - 1);
+    s.insert(b);
+  }
+  std::mt19937_64 rng(M * 1000003 + n);
+  std::uniform_int_distribution<int64_t> pick(0, M - 1);
+  while (static_cast<int64_t>(s.size()) < n) s.insert(pick(rng));
+  return {s.begin(), s.end()};
 }
 
 class CudaStatistical : public ::testing::TestWithParam<StatCase> {};
@@ -563,11 +688,11 @@ TEST_P(CudaStatistical, WithinVllmToleranceOnEveryPath) {  // pitfall 7 (the odd
   SKIP_WITHOUT_GPU();
   const StatCase& c = GetParam();
   const MoeTestProblem p = testing::make_problem(c.spec);
-  const int64_t n_ref =
-      c.sample_tokens > 0 ? std::min<int64_t>(c.sample_tokens, c.spec.M) : c.spec.M;
-  const Tensor expected = testing::reference_output(first_tokens(p, n_ref));
+  const std::vector<int64_t> idx =
+      sampled_tokens(c.spec.M, c.sample_tokens > 0 ? c.sample_tokens : c.spec.M);
+  const Tensor expected = testing::reference_output(tokens_at(p, idx));
   const double tol = c.spec.M >= 8192 ? 0.039 : 0.035;
-  int ran = 0;
+  std::set<Path> ran;
   for (Path path : kAllPaths) {
     MoeTestProblem d = p.to(Device::cuda());
     if (!cuda::path_limit(path, d.args()).empty()) continue;
@@ -575,16 +700,16 @@ TEST_P(CudaStatistical, WithinVllmToleranceOnEveryPath) {  // pitfall 7 (the odd
     const RunResult r = run_on_device(cuda::fused_impl(), p, path);
     EXPECT_TRUE(r.canaries_ok);
     EXPECT_TRUE(r.all_written) << r.write_message;
-    const Tensor got = first_rows(r.out_host, n_ref);
+    const Tensor got = rows_at(r.out_host, idx);
     const auto cmp = testing::compare_close(got, expected, tol, tol);
     EXPECT_TRUE(cmp.ok) << cmp.str();
     // vLLM's tolerance alone can pass an all-zero output where the outputs are small (K = 128:
     // |out| <~ 0.005 with these data); the mean relative error (1.0 for zeros, ~1e-6 for the CPU
     // kernels against the same reference) cannot
     EXPECT_LT(cmp.mean_rel_abs_err, 0.02) << cmp.str();
-    ++ran;
+    ran.insert(path);
   }
-  EXPECT_GE(ran, 1);
+  expect_the_paths_the_limits_promise(p, ran);
 }
 
 INSTANTIATE_TEST_SUITE_P(Cases, CudaStatistical, ::testing::ValuesIn(stat_cases()),
@@ -1064,6 +1189,47 @@ TEST_P(CudaSinglePath, BitwiseOnTheSinglePath) {
 
 INSTANTIATE_TEST_SUITE_P(Cases, CudaSinglePath, ::testing::ValuesIn(single_cases()),
                          [](const auto& info) { return info.param.name; });
+
+// Runs anywhere (the limits below are host code): sm90_takers, the statement the exact and
+// statistical suites hold the paths to on an sm_90 GPU, against the paths' own limits for every
+// case the host can build cheaply. The single path's limit asks the device first, so it is held
+// to sm90_takers on the card only.
+TEST(CudaPathLimits, TheSuitesStatementMatchesTheLimits) {
+  int checked = 0;
+  auto check = [&](const std::string& name, const MoeTestSpec& spec) {
+    // the generator's cost: the weights, and the tokens (static scales are calibrated on them)
+    if (3.0 * spec.H * spec.I * (spec.E + spec.M * spec.topk) > 6e7) return;
+    MoeTestProblem p;
+    try {
+      p = testing::make_problem(spec);
+    } catch (const NotImplementedError&) {
+      return;
+    }
+    // host tensors labelled as device ones: make_problem reads shapes, dtypes and addresses only
+    FusedMoeArgs args = p.args();
+    for (TensorView* v :
+         {&args.x, &args.router_logits, &args.topk_ids, &args.topk_weights, &args.expert_map,
+          &args.out, &args.weights.w13, &args.weights.w2, &args.weights.w13_scale,
+          &args.weights.w2_scale, &args.weights.w13_bias, &args.weights.w2_bias,
+          &args.weights.a13_scale, &args.weights.a2_scale, &args.routing.e_score_correction_bias})
+      v->device = Device::cuda();
+    const cuda::MoeProblem prob = cuda::make_problem(args);
+    const std::set<Path> want = sm90_takers(spec);
+    const std::pair<Path, std::string> limits[] = {
+        {Path::kWgmma, cuda::wgmma_path_limit(prob)},
+        {Path::kStream, cuda::stream_path_limit(prob)},
+        {Path::kGrouped, cuda::grouped_problem_limit(prob)}};
+    for (const auto& [path, why] : limits)
+      EXPECT_EQ(want.count(path) == 1, why.empty())
+          << name << ", path " << cuda::path_name(path) << ": limit \"" << why << "\"";
+    ++checked;
+  };
+  for (const ExactCase& c : exact_cases()) check(c.name, c.spec);
+  for (const StatCase& c : stat_cases()) check(c.name, c.spec);
+  for (const ExactCase& c : single_cases()) check("single " + c.name, c.spec);
+  std::printf("%d cases checked\n", checked);
+  EXPECT_GE(checked, 50);
+}
 
 TEST(CudaSinglePathEdges, EverySlotOnAnotherRankGivesZeros) {
   SKIP_WITHOUT_SM90();

@@ -768,22 +768,6 @@ MoeTestSpec spec_of(MoeTestMode mode, int64_t M, int64_t E, int64_t H, int64_t I
   return s;
 }
 
-// Keeps the first non-zero code of every 128-wide K block of every w2 row (see the file comment).
-void thin_w2(MoeTestProblem& p) {
-  uint8_t* w = p.w2.ptr<uint8_t>();
-  const int64_t rows = p.w2.size(0) * p.w2.size(1), K = p.w2.size(2);
-  for (int64_t r = 0; r < rows; ++r)
-    for (int64_t kb = 0; kb < K; kb += 128) {
-      bool seen = false;
-      for (int64_t k = kb; k < std::min(K, kb + 128); ++k) {
-        uint8_t& c = w[r * K + k];
-        if ((c & 0x7F) == 0) continue;
-        if (seen) c = 0;
-        seen = true;
-      }
-    }
-}
-
 struct ExactCase {
   std::string name;
   MoeTestSpec spec;
@@ -866,7 +850,7 @@ TEST_P(CudaGroupedExact, ThinnedW2BitwiseDenseW2WithinUlps) {
     const auto cmp = testing::compare_close(r.out_host, expected, emax * 0x1p-6, 0x1p-7);
     EXPECT_TRUE(cmp.ok) << "dense w2: " << cmp.str();
   }
-  thin_w2(p);
+  testing::thin_w2(p);
   const Tensor expected = testing::reference_output(p);
   const RunResult r = run_on_device(cuda::grouped_impl(), p);
   EXPECT_TRUE(r.canaries_ok);
@@ -884,7 +868,7 @@ void masked_case(MoeTestMode mode, int64_t E, int64_t T, int64_t H, int64_t I,
                  const std::vector<int32_t>& counts, uint64_t seed) {
   MoeTestSpec s = spec_of(mode, E * T, E, H, I, 1, seed);
   MoeTestProblem p = testing::make_problem(s);
-  if (mode == MoeTestMode::kExact) thin_w2(p);
+  if (mode == MoeTestMode::kExact) testing::thin_w2(p);
   Tensor cnt = Tensor::empty({E}, DType::kI32);
   for (int64_t e = 0; e < E; ++e) cnt.ptr<int32_t>()[e] = counts[e];
   // reference in the batched format (host)

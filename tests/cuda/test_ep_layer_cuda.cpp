@@ -1,7 +1,8 @@
 // Expert parallelism with CUDA layers on one GPU: EP ranks simulated by threads over the in-process
 // communicator, every rank's experts on cuda:0 and run by the oracle's CUDA kernel (the rows each
-// rank receives are staged to the GPU by ep_moe_forward), against the single-rank CUDA layer. The
-// multi-process NCCL path is `fp8moe run --ep N --device cuda` on a machine with N GPUs.
+// rank receives are staged to the GPU by ep_moe_forward), against the single-rank CUDA layer and
+// the float64 reference of the same plan. The multi-process NCCL path is `fp8moe run --ep N
+// --device cuda` on a machine with N GPUs.
 #include <cuda_runtime_api.h>
 #include <gtest/gtest.h>
 
@@ -65,6 +66,14 @@ TEST(EpLayerCuda, SimulatedRanksOnOneGpuMatchTheSingleRankLayer) {
         continue;
       }
       const Fp8MoeLayer single = Fp8MoeLayer::from_checkpoint(dir.path(), one, opts);
+      // The float64 reference of the same single-rank plan (kernel "ref" on the host: the same
+      // quant config and weight preparation, DEEPGEMM's UE8M0 requantisation included), so the
+      // ranks and the single-rank CUDA layer cannot pass by agreeing on a wrong answer.
+      Fp8MoeLayerOptions ref_opts;
+      ref_opts.kernel = "ref";
+      ref_opts.device = Device::cpu();
+      const Fp8MoeLayer ref = Fp8MoeLayer::from_checkpoint(dir.path(), one, ref_opts);
+      ASSERT_EQ(ref.plan().selection.backend, chosen) << rank_backend;
       for (const int64_t M : {int64_t{5}, int64_t{200}}) {
         const Tensor x = testing::randn(M, 256, DType::kBF16, 0.1f, 11 + M);
         const Tensor logits = testing::randn(M, 8, DType::kF32, 1.0f, 12 + M);
@@ -114,6 +123,17 @@ TEST(EpLayerCuda, SimulatedRanksOnOneGpuMatchTheSingleRankLayer) {
             static_cast<long long>(c.count), c.max_abs_err, c.mean_rel_abs_err);
         EXPECT_TRUE(c.allclose) << "ep " << ep << " M " << M << ": max |err| " << c.max_abs_err;
         EXPECT_LT(c.mean_rel_abs_err, 0.01) << "ep " << ep << " M " << M;
+        // against the reference: vLLM's tolerance and the statistical suites' mean relative
+        // error bound (an all-zero output passes the tolerance where outputs are small)
+        const Tensor want_ref = ref.forward(x, logits);
+        for (const auto& [what, t] :
+             {std::pair<const char*, const Tensor*>{"ranks", &got},
+              std::pair<const char*, const Tensor*>{"single rank", &want}}) {
+          const OutputComparison cr = compare_outputs(*t, want_ref);
+          EXPECT_TRUE(cr.allclose) << what << " vs reference, ep " << ep << " M " << M
+                                   << ": max |err| " << cr.max_abs_err;
+          EXPECT_LT(cr.mean_rel_abs_err, 0.02) << what << " vs reference, ep " << ep << " M " << M;
+        }
         ++compared;
       }
     }

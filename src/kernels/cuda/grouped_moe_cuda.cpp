@@ -22,8 +22,7 @@ namespace fp8moe::cuda {
 
 namespace {
 
-constexpr int64_t kBM = 128;              // the grouped GEMM's M tile = DeepGEMM's M alignment
-constexpr int64_t kGroupedChunk = 16384;  // tokens per chunk (bounds the workspace)
+constexpr int64_t kBM = 128;  // the grouped GEMM's M tile = DeepGEMM's M alignment
 
 // The m-block of the grouped GEMMs for this many rows per expert: the swapped-operand kernel
 // (16/32/64) at <= 64 rows (80-93% of HBM read bandwidth at 16 rows per expert on the H200, against
@@ -222,7 +221,7 @@ bool align_quant_wanted(const MoeProblem& p, int pairs) {
          pairs <= kAlignQuantMaxPairs && p.E <= 1024;
 }
 
-int64_t chunk_of(const MoeProblem& p) { return std::min<int64_t>(p.M, kGroupedChunk); }
+int64_t chunk_of(const MoeProblem& p) { return std::min<int64_t>(p.M, kGroupedChunkTokens); }
 
 std::size_t contiguous_workspace(const FusedMoeArgs& args) {
   const MoeProblem p = make_problem(args);

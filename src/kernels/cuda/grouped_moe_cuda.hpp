@@ -22,6 +22,9 @@ namespace fp8moe::cuda {
 
 struct MoeProblem;  // moe_problem.hpp
 
+// Tokens per chunk of the grouped path: larger batches run chunk by chunk (bounds the workspace).
+constexpr int64_t kGroupedChunkTokens = 16384;
+
 const ExpertsImpl& grouped_impl();
 const ExpertsImpl& grouped_masked_impl();
 
