@@ -10,12 +10,13 @@
 // measured ceilings. Output: a table on stdout and a CSV (--csv FILE).
 //
 //   bench_cuda_moe [--quick] [--csv FILE] [--shape NAME[,NAME...]] [--m LIST] [--path
-//   auto|generic|wgmma|stream|grouped|single[,...]] [--ncu] [--tune FILE]
+//   auto|generic|wgmma|stream|grouped|single[,...]] [--ncu] [--tune FILE] [--batch-invariant]
 // --quick: M = 1, 32, 2048 (replaces --m). --path: a list measures each path that takes the
 // problem; without --path, FP8MOE_CUDA_PATH chooses when set. --ncu: one direct run per
 // configuration for a profiler to attach to (no table, no CSV). --tune FILE: first times every
 // path, and the grouped path's n-blocks per swapped tile, on each shape and M, and writes the
-// fastest per M bucket to FILE (the table FP8MOE_CUDA_TUNING reads).
+// fastest per M bucket to FILE (the table FP8MOE_CUDA_TUNING reads). --batch-invariant: every call
+// with FusedMoeArgs::batch_invariant (VLLM_BATCH_INVARIANT: one configuration at every M).
 #include <cublasLt.h>
 #include <cuda_runtime.h>
 
@@ -257,7 +258,7 @@ struct Row {
 }  // namespace
 
 int main(int argc, char** argv) {
-  bool quick = false, ncu = false;
+  bool quick = false, ncu = false, batch_invariant = false;
   std::string csv, only_shape, path_arg = "auto", tune_file;
   bool path_given = false;  // without --path, FP8MOE_CUDA_PATH (if set) chooses, as in production
   std::vector<int64_t> Ms = {1, 8, 32, 128, 512, 2048, 8192};
@@ -267,6 +268,8 @@ int main(int argc, char** argv) {
       quick = true;
     else if (a == "--ncu")
       ncu = true;
+    else if (a == "--batch-invariant")
+      batch_invariant = true;
     else if (a == "--csv" && i + 1 < argc)
       csv = argv[++i];
     else if (a == "--shape" && i + 1 < argc)
@@ -422,6 +425,7 @@ int main(int argc, char** argv) {
       }
       auto make_args = [&](int l, bool precomputed) {
         FusedMoeArgs a;
+        a.batch_invariant = batch_invariant;
         a.x = TensorView(x, DType::kBF16, {M, H}, Device::cuda());
         if (precomputed) {
           a.topk_ids = TensorView(layers[l].ids, DType::kI32, {M, k}, Device::cuda());

@@ -56,7 +56,8 @@ struct EpMoeArgs {
   MoeScheme scheme{};
   ActivationConfig act{};
   bool apply_router_weight_on_input = false;
-  TensorView out;  // (M_r, H), dtype of x
+  bool batch_invariant = false;  // FusedMoeArgs::batch_invariant for the local experts
+  TensorView out;                // (M_r, H), dtype of x
 };
 
 // Timings of the last call, for `fp8moe bench --ep` (host wall clock, seconds).

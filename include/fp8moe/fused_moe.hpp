@@ -125,6 +125,12 @@ struct FusedMoeArgs {
   TensorView expert_map{};
   TensorView expert_num_tokens{};  // defined => batched (masked) format, see the layout comment
   bool apply_router_weight_on_input = false;  // topk must be 1: x *= w before quantisation
+  // VLLM_BATCH_INVARIANT (TritonExperts declares support, and vLLM's Triton then runs its default
+  // config at every M): a token's output must not depend on the batch around it (its size, the
+  // token's position). cuda_fused then runs one configuration at every M instead of choosing by M
+  // (fused_moe_cuda.hpp); the CPU kernels and the reference are batch-invariant anyway.
+  // Per-tensor dynamic activation scales depend on the whole batch by definition.
+  bool batch_invariant = false;
   TensorView out;
   void* stream = nullptr;  // cudaStream_t for CUDA kernels; ignored on the CPU
 

@@ -269,6 +269,7 @@ struct Fp8MoeLayerPlan {
   // Set by plan_fp8_moe_layer; used by dispatch().
   bool deep_gemm_e8m0 = false;
   bool deep_gemm_installed = false;
+  bool batch_invariant = false;  // VLLM_BATCH_INVARIANT: passed to every call (FusedMoeArgs)
   bool sm100_or_newer = false;
 };
 

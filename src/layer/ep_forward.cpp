@@ -142,6 +142,7 @@ EpMoeStats forward_expert_parallel(const Fp8MoeLayer& layer, Communicator& comm,
   a.scheme = layer.plan().scheme;
   a.act = layer.plan().activation;
   a.apply_router_weight_on_input = layer.apply_router_weight_on_input();
+  a.batch_invariant = layer.plan().batch_invariant;
   a.out = out;
   return ep_moe_forward(comm, *kc.impl, format, layout, a);
 }

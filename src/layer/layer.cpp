@@ -394,6 +394,7 @@ FusedMoeArgs Fp8MoeLayer::make_args(const TensorView& x, const TensorView& route
   a.act = st.plan.activation;
   if (st.w.expert_map.defined()) a.expert_map = st.w.expert_map.view();
   a.apply_router_weight_on_input = st.weight_on_input;
+  a.batch_invariant = st.plan.batch_invariant;
   a.out = out;
   a.stream = stream;
   return a;

@@ -336,6 +336,18 @@ Fp8MoeLayerPlan plan_fp8_moe_layer(const Fp8MoeLayerSpec& spec, const Fp8MoeLaye
   }
   // UE8M0 activation scales (pitfalls 12 and 13) and the fused SiLU+quant path.
   p.deep_gemm_e8m0 = is_deep_gemm_e8m0_used(platform, env);
+  // VLLM_BATCH_INVARIANT reaches the kernel (FusedMoeArgs::batch_invariant). The oracle has
+  // evaluated it already where it mattered (base check #10); a value it could not parse raised
+  // there, or reaches no kernel here.
+  try {
+    p.batch_invariant = env.batch_invariant();
+  } catch (const Error&) {
+    p.batch_invariant = false;
+  }
+  if (p.batch_invariant)
+    p.notes.push_back(
+        "VLLM_BATCH_INVARIANT: a token's output does not depend on the batch around it (the "
+        "kernels run one configuration at every M)");
   p.deep_gemm_installed = platform.has(Feature::kDeepGemm);
   p.sm100_or_newer = platform.has_device_capability(100);
   if (p.scheme.act == ActQuantKind::kPerGroupDynamic) {

@@ -266,6 +266,7 @@ EpMoeStats ep_moe_forward(Communicator& comm, const ExpertsImpl& local_experts,
         f.scheme = a.scheme;
         f.act = a.act;
         f.apply_router_weight_on_input = a.apply_router_weight_on_input;
+        f.batch_invariant = a.batch_invariant;
         run_local(f, recv_x, recv_ids, recv_w, emap_t, Tensor(), partial);
       } else {
         // One slab per local expert holding the (row, slot) pairs routed to it, in row order.
@@ -292,6 +293,7 @@ EpMoeStats ep_moe_forward(Communicator& comm, const ExpertsImpl& local_experts,
         f.weights = a.weights;
         f.scheme = a.scheme;
         f.act = a.act;
+        f.batch_invariant = a.batch_invariant;
         run_local(f, xb, Tensor(), Tensor(), Tensor(), counts, yb);
         // Weighted sum of the slab rows back into each received row, in (row, slot) order.
         std::vector<float> acc(static_cast<std::size_t>(R * H), 0.0f);

@@ -53,7 +53,8 @@ struct RunResult {
 };
 
 // Runs `impl` on a device copy of `p` (output poisoned, output and workspace guarded).
-RunResult run_on_device(const ExpertsImpl& impl, const MoeTestProblem& host_problem, Path path) {
+RunResult run_on_device(const ExpertsImpl& impl, const MoeTestProblem& host_problem, Path path,
+                        bool batch_invariant = false) {
   PathGuard guard(path);
   MoeTestProblem d = host_problem.to(Device::cuda());
   std::vector<int64_t> out_shape = d.out.sizes();
@@ -61,6 +62,7 @@ RunResult run_on_device(const ExpertsImpl& impl, const MoeTestProblem& host_prob
   testing::poison(out.view());
   FusedMoeArgs args = d.args();
   args.out = out.view();
+  args.batch_invariant = batch_invariant;
   const std::size_t ws_bytes = impl.workspace_size(args);
   testing::GuardedTensor ws({static_cast<int64_t>(std::max<std::size_t>(ws_bytes, 1))}, DType::kU8,
                             Device::cuda());
@@ -598,9 +600,9 @@ std::vector<StatCase> stat_cases() {
     c.spec.scheme.act = ActQuantKind::kPerTokenDynamic;
     v.push_back(c);
   }
-  // Batches past the chunk sizes (the generic and wgmma paths run 8,192 tokens per chunk, the
-  // grouped path 16,384): every case before ended at 8,192 tokens, inside one chunk. The sample
-  // takes the tokens on both sides of each boundary.
+  // Pitfall 32: batches past the chunk sizes (the generic and wgmma paths run 8,192 tokens per
+  // chunk, the grouped path 16,384): every case before ended at 8,192 tokens, inside one chunk. The
+  // sample takes the tokens on both sides of each boundary.
   {
     StatCase c;
     c.name = "chunks_M16500";
@@ -774,6 +776,78 @@ TEST(CudaFusedMoe, DeterministicAcrossRuns) {  // pitfall 35 (run to run only)
     const RunResult a = run_on_device(cuda::fused_impl(), p, path);
     const RunResult b = run_on_device(cuda::fused_impl(), p, path);
     EXPECT_TRUE(testing::compare_bitwise(a.out_host, b.out_host).ok) << cuda::path_name(path);
+  }
+}
+
+// Pitfall 35 on the GPU: with FusedMoeArgs::batch_invariant (VLLM_BATCH_INVARIANT), a token's
+// output is the same bits whatever batch it arrives in: the prefixes of 1, 4, 16 and 64 tokens of
+// a 257-token batch, and the batch reversed, routed in the kernel. Block FP8 runs the grouped path
+// with 128-row m-blocks at every M; refined 64x64 blocks (the grouped path declines them) the
+// generic path. Without the flag auto picks the single path at M = 1 and swapped grouped kernels
+// at small M, whose partial sums are added in other orders: printed, not asserted.
+TEST(CudaBatchInvariance, TokenOutputsDoNotDependOnTheBatch) {
+  SKIP_WITHOUT_GPU();
+  struct Case {
+    const char* name;
+    MoeTestSpec spec;
+    Path path;  // what the invariant mode must run on sm_90
+  };
+  std::vector<Case> cases;
+  {
+    MoeTestSpec s = base_stat(257, 64, 1024, 256, 8, 35);
+    s.routing_config.method = RoutingMethodType::kDeepSeekV3;
+    s.routing_config.scoring_func = "sigmoid";
+    s.routing_config.num_expert_group = 8;
+    s.routing_config.topk_group = 4;
+    s.routing_config.renormalize = true;
+    s.routing_config.routed_scaling_factor = 2.5;
+    cases.push_back({"block128_deepseek_routing", s, Path::kGrouped});
+  }
+  {
+    MoeTestSpec s = base_stat(257, 16, 512, 256, 4, 36);
+    s.routing_config.method = RoutingMethodType::kRenormalize;
+    s.scheme.block_n = s.scheme.block_k = s.scheme.group_k = 64;
+    cases.push_back({"refined_block64", s, Path::kGeneric});
+  }
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.name);
+    const MoeTestProblem p = testing::make_problem(c.spec);
+    const int64_t M = c.spec.M;
+    {
+      MoeTestProblem d = p.to(Device::cuda());
+      FusedMoeArgs a = d.args();
+      a.batch_invariant = true;
+      if (cuda::device_capability() == 90) EXPECT_EQ(cuda::choose_path(a), c.path);
+      const std::string how = cuda::fused_impl().describe_call(a);
+      EXPECT_NE(how.find("batch invariant"), std::string::npos) << how;
+    }
+    for (const bool invariant : {true, false}) {
+      const RunResult full = run_on_device(cuda::fused_impl(), p, Path::kAuto, invariant);
+      ASSERT_TRUE(full.all_written) << full.write_message;
+      int64_t differing = 0, compared = 0;
+      auto check = [&](const std::vector<int64_t>& idx, const char* what) {
+        const RunResult r =
+            run_on_device(cuda::fused_impl(), tokens_at(p, idx), Path::kAuto, invariant);
+        EXPECT_TRUE(r.canaries_ok);
+        EXPECT_TRUE(r.all_written) << r.write_message;
+        const Tensor want = rows_at(full.out_host, idx);
+        const auto cmp = testing::compare_bitwise(r.out_host, want);
+        ++compared;
+        if (!cmp.ok) ++differing;
+        if (invariant) EXPECT_TRUE(cmp.ok) << what << " of " << idx.size() << ": " << cmp.str();
+      };
+      for (const int64_t n : {int64_t{1}, int64_t{4}, int64_t{16}, int64_t{64}}) {
+        std::vector<int64_t> idx(static_cast<std::size_t>(n));
+        for (int64_t t = 0; t < n; ++t) idx[static_cast<std::size_t>(t)] = t;
+        check(idx, "prefix");
+      }
+      std::vector<int64_t> rev(static_cast<std::size_t>(M));
+      for (int64_t t = 0; t < M; ++t) rev[static_cast<std::size_t>(t)] = M - 1 - t;
+      check(rev, "reversed batch");
+      std::printf("%s, %s: %lld of %lld sub-batches differ from the full batch in some bit\n",
+                  c.name, invariant ? "batch_invariant" : "auto", static_cast<long long>(differing),
+                  static_cast<long long>(compared));
+    }
   }
 }
 

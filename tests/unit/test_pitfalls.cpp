@@ -958,5 +958,36 @@ TEST(Pitfalls, P35_BatchInvarianceOnCpuKernels) {
   }
 }
 
+// Deterministic mode reaches the kernels: VLLM_BATCH_INVARIANT=1 on a simulated H200 selects
+// TritonExperts (the only block-FP8 class that declares batch invariance; the DeepGEMM classes are
+// rejected with "batch invariance"), and every call the layer makes carries the flag, so
+// cuda_fused runs one configuration at every M (its GPU test: CudaBatchInvariance). Without the
+// variable the flag stays off.
+TEST(Pitfalls, P35_BatchInvariantModeReachesTheKernelArguments) {
+  CallerLayer c = make_caller_layer(8, 256, 128, 2);
+  const Tensor x = testing::randn(3, 256, DType::kBF16, 0.1f, 3503);
+  const Tensor logits = testing::randn(3, 8, DType::kF32, 1.0f, 3504);
+  Tensor out = Tensor::empty({3, 256}, DType::kBF16);
+  for (const bool on : {false, true}) {
+    SCOPED_TRACE(on ? "VLLM_BATCH_INVARIANT=1" : "unset");
+    Fp8MoeLayerOptions o = layer_options("cpu_w8a8", true);
+    if (on) o.env = OracleEnv::from_pairs({"VLLM_BATCH_INVARIANT=1"});
+    const Fp8MoeLayerPlan plan = plan_fp8_moe_layer(c.spec, [&] {
+      Fp8MoeLayerOptions q = o;
+      q.kernel = "";  // the oracle's own choice
+      return q;
+    }());
+    ASSERT_TRUE(plan.selected && plan.selection.kernel) << plan.error_message;
+    EXPECT_EQ(std::string(plan.selection.kernel->name), "TritonExperts");
+    EXPECT_EQ(plan.batch_invariant, on);
+    const Fp8MoeLayer layer = Fp8MoeLayer::from_tensors(c.spec, c.w, o);
+    EXPECT_EQ(layer.plan().batch_invariant, on);
+    EXPECT_EQ(layer.make_args(x.view(), logits.view(), out.view()).batch_invariant, on);
+    bool noted = false;
+    for (const std::string& n : layer.plan().notes) noted |= n.find("VLLM_BATCH_INVARIANT") == 0;
+    EXPECT_EQ(noted, on);
+  }
+}
+
 }  // namespace
 }  // namespace fp8moe

@@ -152,7 +152,27 @@ Path choose(const MoeProblem& p, std::string* why = nullptr, int* swap_nb = null
   const Path forced = path_override();
   if (forced != Path::kAuto) {
     if (why) *why = g_override.load() >= 0 ? "forced by the caller" : "FP8MOE_CUDA_PATH";
+    if (why && p.batch_invariant && forced != Path::kGrouped && forced != Path::kGeneric)
+      *why +=
+          "; batch invariance is the caller's to keep: only the grouped and generic paths run "
+          "one configuration at every M";
     return forced;
+  }
+  // VLLM_BATCH_INVARIANT: the same configuration at every M (vLLM's Triton runs its default
+  // config then, no tuned one). The single, stream and wgmma paths add a token's partial sums in
+  // another order than the grouped GEMMs, so a token's bits would change with the batch size that
+  // picks the path; the grouped path pins its m-block (128 rows: grouped_moe_cuda.cpp), and where
+  // it declines, the generic path's tiles never depend on M.
+  if (p.batch_invariant) {
+    const std::string gw = grouped_path_limit(p);
+    if (why)
+      *why = gw.empty() ? std::string(
+                              "batch invariant (VLLM_BATCH_INVARIANT): the grouped path at "
+                              "every M, 128-row m-blocks")
+                        : "batch invariant (VLLM_BATCH_INVARIANT): the generic path at every M "
+                          "(grouped: " +
+                              gw + ")";
+    return gw.empty() ? Path::kGrouped : Path::kGeneric;
   }
   if (const auto cfg = lookup(p)) {
     const Path t = cfg->path == "wgmma"     ? Path::kWgmma

@@ -319,6 +319,7 @@ MoeProblem make_problem(const FusedMoeArgs& a) {
     p.topk = a.routing.topk;
   }
   p.router_on_input = a.apply_router_weight_on_input;
+  p.batch_invariant = a.batch_invariant;
   if (p.router_on_input && p.topk != 1) bad("apply_router_weight_on_input needs topk == 1");
 
   // scheme

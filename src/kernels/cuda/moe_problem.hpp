@@ -24,6 +24,9 @@ struct MoeProblem {
   bool gated = true;
   bool router_on_input = false;
   bool route_in_kernel = false;
+  // FusedMoeArgs::batch_invariant: one configuration at every M (the path and the grouped GEMMs'
+  // m-block are not chosen by M; no tuned table)
+  bool batch_invariant = false;
   const void* x = nullptr;
   void* out = nullptr;
   const int32_t* topk_ids = nullptr;  // when routing is given
