@@ -128,7 +128,9 @@ struct FusedMoeArgs {
   // VLLM_BATCH_INVARIANT (TritonExperts declares support, and vLLM's Triton then runs its default
   // config at every M): a token's output must not depend on the batch around it (its size, the
   // token's position). cuda_fused then runs one configuration at every M instead of choosing by M
-  // (fused_moe_cuda.hpp); the CPU kernels and the reference are batch-invariant anyway.
+  // (the grouped path with 128-row m-blocks, else the generic path: choose() in
+  // src/kernels/cuda/fused_moe_cuda.cpp); the CPU kernels and the reference are batch-invariant
+  // anyway.
   // Per-tensor dynamic activation scales depend on the whole batch by definition.
   bool batch_invariant = false;
   TensorView out;

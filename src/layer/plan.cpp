@@ -341,8 +341,11 @@ Fp8MoeLayerPlan plan_fp8_moe_layer(const Fp8MoeLayerSpec& spec, const Fp8MoeLaye
   // there, or reaches no kernel here.
   try {
     p.batch_invariant = env.batch_invariant();
-  } catch (const Error&) {
+  } catch (const Error& e) {
     p.batch_invariant = false;
+    p.notes.push_back(fmt::format(
+        "VLLM_BATCH_INVARIANT is not an integer ({}): the kernels run without batch invariance",
+        e.what()));
   }
   if (p.batch_invariant)
     p.notes.push_back(

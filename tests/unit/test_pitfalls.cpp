@@ -987,6 +987,16 @@ TEST(Pitfalls, P35_BatchInvariantModeReachesTheKernelArguments) {
     for (const std::string& n : layer.plan().notes) noted |= n.find("VLLM_BATCH_INVARIANT") == 0;
     EXPECT_EQ(noted, on);
   }
+  // A value vLLM cannot parse: the oracle raises (a plan note under the kernel override); the
+  // layer runs without invariance and says so, never silently.
+  Fp8MoeLayerOptions o = layer_options("cpu_w8a8", true);
+  o.env = OracleEnv::from_pairs({"VLLM_BATCH_INVARIANT=x"});
+  const Fp8MoeLayer layer = Fp8MoeLayer::from_tensors(c.spec, c.w, o);
+  EXPECT_FALSE(layer.plan().batch_invariant);
+  bool noted = false;
+  for (const std::string& n : layer.plan().notes)
+    noted |= n.find("VLLM_BATCH_INVARIANT is not an integer") == 0;
+  EXPECT_TRUE(noted);
 }
 
 }  // namespace

@@ -26,6 +26,8 @@ void run_stream(const MoeProblem& p, void* workspace, bool gemm_only);
 // bulk-copy weight ring, grid-wide waits only for the routing and for GEMM1
 // (sm90_fp8_moe_single.cu).
 std::string single_path_limit(const MoeProblem& p);
+// The same without the device checks (sm_90, cooperative launch): host code on any machine.
+std::string single_problem_limit(const MoeProblem& p);
 std::size_t single_workspace(const MoeProblem& p);
 void run_single(const MoeProblem& p, void* workspace);
 

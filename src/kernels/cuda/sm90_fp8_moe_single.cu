@@ -167,6 +167,10 @@ std::string single_path_limit(const MoeProblem& p) {
   const SgDevice& d = sg_device();
   if (d.cap != 90) return "the single-kernel path runs on sm_90 (bulk copies, mbarriers) only";
   if (!d.coop) return "the device cannot launch cooperative kernels";
+  return single_problem_limit(p);
+}
+
+std::string single_problem_limit(const MoeProblem& p) {
   if (p.M > kSgMaxM) return "more than " + std::to_string(kSgMaxM) + " tokens";
   if (p.M * p.topk > kSgMaxPairs)
     return "more than " + std::to_string(kSgMaxPairs) + " token-expert pairs";
