@@ -337,8 +337,9 @@ Fp8MoeLayerPlan plan_fp8_moe_layer(const Fp8MoeLayerSpec& spec, const Fp8MoeLaye
   // UE8M0 activation scales (pitfalls 12 and 13) and the fused SiLU+quant path.
   p.deep_gemm_e8m0 = is_deep_gemm_e8m0_used(platform, env);
   // VLLM_BATCH_INVARIANT reaches the kernel (FusedMoeArgs::batch_invariant). The oracle has
-  // evaluated it already where it mattered (base check #10); a value it could not parse raised
-  // there, or reaches no kernel here.
+  // evaluated it already where it mattered (base check #10): a value it cannot parse raised there
+  // (only a kernel override gets this far then, with the oracle's error as a note) and means off
+  // here, with a note of its own.
   try {
     p.batch_invariant = env.batch_invariant();
   } catch (const Error& e) {
