@@ -1177,6 +1177,30 @@ TEST(CudaGroupedSelection, RegistryLimitsAndShapeRule) {
   EXPECT_FALSE(g.supports_config(cfg, std::nullopt, std::nullopt).ok);
 }
 
+// FP8MOE_GROUPED_SWAP_FUSE=balanced's rule (runs anywhere): fuse GEMM1's activation into the
+// 16-token tiles only where the busiest CTA of the persistent grid then streams no more weight rows
+// than without fusion. The m-block counts are the expected ones of docs/PERFORMANCE.md (session 28)
+// for 8 and 32 tokens of the models.md shapes on the H200's 132 SMs.
+TEST(CudaGroupedSelection, SwapFuseBalancedRule) {
+  struct Case {
+    int64_t m_blocks, I;
+    bool fuse;
+  };
+  for (const Case c : {Case{57, 256, true},     // DeepSeek-V3 TP8, M = 8: 2 vs 2 tile units
+                       Case{162, 256, false},   // TP8, M = 32: 6 vs 5
+                       Case{57, 1024, false},   // TP2, M = 8: 8 vs 7
+                       Case{162, 1024, true},   // TP2, M = 32: 20 vs 20
+                       Case{51, 384, false},    // Qwen3-235B TP4, M = 8: 4 vs 3
+                       Case{111, 384, true},    // Qwen3-235B TP4, M = 32: 6 vs 6
+                       Case{74, 256, false},    // Qwen3-Next TP2, M = 8: 4 vs 3
+                       Case{238, 256, true},    // Qwen3-Next TP2, M = 32: 8 vs 8
+                       Case{1, 256, false},     // one m-block: 2 fused tiles on 2 CTAs vs 4 on 4
+                       Case{0, 256, false}}) {  // nothing to run
+    EXPECT_EQ(cuda::swap_fuse_balanced(c.m_blocks, c.I, 132), c.fuse)
+        << c.m_blocks << " m-blocks, I = " << c.I;
+  }
+}
+
 // The one-line plan describe_call gives for the grouped path (runs anywhere: no tensor data): the
 // m-block and kernel from the rows per expert, each GEMM's tile by the rules, which small kernels
 // run. The expectations hold for the defaults (no FP8MOE_GROUPED_* variable set).

@@ -8,6 +8,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstdlib>
 #include <cstring>
 #include <string>
@@ -55,12 +56,15 @@ int64_t tile_m_for(double rows_per_expert, bool batch_invariant = false) {
 //     lent after the first call); needs H <= 8192 (the whole K in one scale chunk). It removes the
 //     activation kernel between the GEMMs and y1's round trip; the tile covers 256 weight rows
 //     instead of 128 (half as many tiles), which may cost at small M where the tiles do not fill
-//     the card.
+//     the card. FP8MOE_GROUPED_SWAP_FUSE=balanced fuses only where swap_fuse_balanced says the
+//     busiest SM gets no more weight rows than without fusion (the expected m-blocks: below).
 //   - 128-row m-blocks (the 256 tile): opt-in FP8MOE_GROUPED_FUSE_ACT=1, measured 39-52% slower in
 //     the layer (docs/PERFORMANCE.md, grouped run 5).
 QuantSpec group_quant(const MoeProblem& p, bool second, unsigned* amax);
 
-bool fuse_act_wanted(const MoeProblem& p, int64_t bm) {
+// m_blocks: the GEMMs' m-blocks as far as the host knows them (contiguous: the expected number of
+// local experts hit, expected_m_blocks; masked: experts x slab blocks), for the balanced mode.
+bool fuse_act_wanted(const MoeProblem& p, int64_t bm, double m_blocks) {
   static const bool env128 = [] {
     const char* v = std::getenv("FP8MOE_GROUPED_FUSE_ACT");
     return v && v[0] == '1';
@@ -69,14 +73,22 @@ bool fuse_act_wanted(const MoeProblem& p, int64_t bm) {
     const char* v = std::getenv("FP8MOE_GROUPED_SWAP_FUSE");
     if (!v || !*v) return -1;
     const std::string s(v);
-    if (s != "0" && s != "1")
-      throw ValueError("FP8MOE_GROUPED_SWAP_FUSE='" + s + "' is not 0 or 1");
-    return s == "1" ? 1 : 0;
+    if (s != "0" && s != "1" && s != "balanced")
+      throw ValueError("FP8MOE_GROUPED_SWAP_FUSE='" + s + "' is not 0, 1 or balanced");
+    return s == "1" ? 1 : (s == "balanced" ? 2 : 0);
   }();
   if (p.aq2 != AQuant::kGroupDynamic) return false;
   if (bm == 128) return env128;
-  if (bm == 16) return env16 == 1 && p.H <= 8192;
-  return false;
+  if (bm != 16 || p.H > 8192 || env16 < 1) return false;
+  return env16 == 1 ||
+         swap_fuse_balanced(static_cast<int64_t>(std::llround(m_blocks)), p.I, grouped_sm_count());
+}
+
+// The expected number of local experts that M tokens of top-k hit, each expert an m-block (the
+// 16-token kernel runs where experts average <= 16 rows), with uniform routing.
+double expected_m_blocks(const MoeProblem& p, int64_t m) {
+  const double pairs = double(m) * double(p.topk);
+  return double(p.E) * (1.0 - std::pow(1.0 - 1.0 / double(p.E_global), pairs));
 }
 
 // Between the GEMMs (unless GEMM1's epilogue fused it): the activation of y1 (rows, 2 I) and the
@@ -300,7 +312,7 @@ void run_contiguous_chunk(const MoeProblem& p, const void* x, void* out, const v
   void* y1 = ws + L.y1;
   uint8_t* qh = ws + L.qh;
   float* sh = reinterpret_cast<float*>(ws + L.sh);
-  const bool fuse = fuse_act_wanted(p, bm);
+  const bool fuse = fuse_act_wanted(p, bm, expected_m_blocks(p, m));
   {
     GroupedGemmParams g = gemm_params(p, p.w1, p.N1, p.H, L.capacity, sx, p.aq1);
     g.tile_m = static_cast<int32_t>(bm);
@@ -377,12 +389,20 @@ std::string gemm_plan(const char* name, const MoeProblem& p, int64_t bm, int64_t
 }
 }  // namespace
 
+bool swap_fuse_balanced(int64_t m_blocks, int64_t I, int64_t sms) {
+  if (m_blocks <= 0 || I <= 0 || sms <= 0) return false;
+  const int64_t tu = m_blocks * (2 * I / 128), tf = m_blocks * (I / 128);
+  const int64_t busiest_u = ceil_div(tu, std::min(tu, sms));
+  const int64_t busiest_f = 2 * ceil_div(tf, std::min(tf, sms));
+  return busiest_f <= busiest_u;
+}
+
 std::string grouped_problem_plan(const MoeProblem& p) {
   if (p.M == 0) return "no tokens: nothing runs";
   const int64_t m = chunk_of(p);
   const double rpe = double(m * p.topk) / double(p.E);
   const int64_t bm = tile_m_for(rpe, p.batch_invariant);
-  const bool fuse = fuse_act_wanted(p, bm);
+  const bool fuse = fuse_act_wanted(p, bm, expected_m_blocks(p, m));
   const int pairs = static_cast<int>(m * p.topk);
   std::string s = fmt::format("{:.1f} rows per expert{}; ", rpe,
                               m < p.M ? fmt::format(" (chunks of {} tokens)", m) : std::string());
@@ -518,7 +538,7 @@ void run_masked(const FusedMoeArgs& args, void* workspace) {
   void* y1 = ws + L.y1;
   uint8_t* qh = ws + L.qh;
   float* sh = reinterpret_cast<float*>(ws + L.sh);
-  const bool fuse = fuse_act_wanted(p, bm);
+  const bool fuse = fuse_act_wanted(p, bm, double(mp.E * ceil_div(mp.max_m, bm)));
   {
     GroupedGemmParams g = gemm_params(p, p.w1, p.N1, p.H, rows, sx, p.aq1);
     g.tile_m = static_cast<int32_t>(bm);
@@ -618,7 +638,7 @@ const ExpertsImpl& grouped_masked_impl() {
       const MaskedProblem mp = masked_problem(args);
       const MoeProblem& p = mp.p;
       const int64_t bm = tile_m_for(double(mp.max_m));
-      const bool fuse = fuse_act_wanted(p, bm);
+      const bool fuse = fuse_act_wanted(p, bm, double(mp.E * ceil_div(mp.max_m, bm)));
       return fmt::format(
           "grouped GEMMs, masked layout (BATCHED_DEEPGEMM contract): {} experts x {} rows; {}; "
           "x quantised per slab row; {}{}; {} into the output slabs",

@@ -25,6 +25,7 @@ int sm_count() {
 }  // namespace
 
 int grouped_gemm_smem_bytes() { return kGSmemBytes; }
+int grouped_sm_count() { return sm_count(); }
 
 namespace {
 // CTAs of the persistent grid for `tiles` tiles: one per SM, or p.max_ctas.
