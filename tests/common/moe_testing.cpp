@@ -366,22 +366,6 @@ num::QuantizedTensor quantize_weight(const Tensor& w, const MoeScheme& sc, bool 
   return out;
 }
 
-// Scale tensor shape for a weight (E, R, C) in the scheme's layout.
-std::vector<int64_t> weight_scale_shape(const MoeScheme& sc, int64_t E, int64_t R, int64_t C,
-                                        bool is_w13, bool shard_scales) {
-  switch (sc.weight) {
-    case WeightScaleKind::kBlock:
-      return {E, (R + sc.block_n - 1) / sc.block_n, (C + sc.block_k - 1) / sc.block_k};
-    case WeightScaleKind::kPerTensor:
-      return (is_w13 && shard_scales) ? std::vector<int64_t>{E, 2} : std::vector<int64_t>{E};
-    case WeightScaleKind::kPerChannel:
-      return {E, R};
-    case WeightScaleKind::kMx:
-      return {E, R, C / 32};
-  }
-  return {};
-}
-
 // The scale cell (a, b) of element (r, c) for the layouts above.
 std::pair<int64_t, int64_t> scale_cell(const MoeScheme& sc, int64_t R, int64_t r, int64_t c,
                                        bool is_w13, bool shard_scales) {
@@ -659,6 +643,21 @@ std::string exactness_problem(const MoeTestProblem& p) {
 }
 
 }  // namespace
+
+std::vector<int64_t> weight_scale_shape(const MoeScheme& sc, int64_t E, int64_t R, int64_t C,
+                                        bool is_w13, bool shard_scales) {
+  switch (sc.weight) {
+    case WeightScaleKind::kBlock:
+      return {E, (R + sc.block_n - 1) / sc.block_n, (C + sc.block_k - 1) / sc.block_k};
+    case WeightScaleKind::kPerTensor:
+      return (is_w13 && shard_scales) ? std::vector<int64_t>{E, 2} : std::vector<int64_t>{E};
+    case WeightScaleKind::kPerChannel:
+      return {E, R};
+    case WeightScaleKind::kMx:
+      return {E, R, C / 32};
+  }
+  return {};
+}
 
 MoeTestProblem make_problem(const MoeTestSpec& spec_in) {
   MoeTestSpec s = spec_in;

@@ -125,6 +125,10 @@ struct MoeTestProblem {
 };
 
 MoeTestProblem make_problem(const MoeTestSpec& spec);
+// The scale tensor's shape for a weight (E, R, C) in the scheme's layout (block grid, one per
+// expert or two with shard scales, per channel, MX groups of 32), as make_problem builds it.
+std::vector<int64_t> weight_scale_shape(const MoeScheme& sc, int64_t E, int64_t R, int64_t C,
+                                        bool is_w13, bool shard_scales);
 
 // Routing on its own: (M, topk) ids (i32, global) and weights (f32) for a pattern (not kLogits).
 // Exact weights are powers of two in {1, 1/2, 1/4}; statistical weights are positive and sum to 1.

@@ -1328,20 +1328,6 @@ FusedMoeArgs shape_only_args(const MoeTestSpec& s) {
   };
   const int64_t E = s.num_local_experts(),
                 N1 = activation_is_gated(s.act.activation) ? 2 * s.I : s.I;
-  const auto scale_shape = [&](int64_t R, int64_t C, bool w13) -> std::vector<int64_t> {
-    const MoeScheme& q = s.scheme;
-    switch (q.weight) {
-      case WeightScaleKind::kBlock:
-        return {E, (R + q.block_n - 1) / q.block_n, (C + q.block_k - 1) / q.block_k};
-      case WeightScaleKind::kPerTensor:
-        return w13 && s.w13_shard_scales ? std::vector<int64_t>{E, 2} : std::vector<int64_t>{E};
-      case WeightScaleKind::kPerChannel:
-        return {E, R};
-      case WeightScaleKind::kMx:
-        return {E, R, C / 32};
-    }
-    return {};
-  };
   FusedMoeArgs a;
   a.x = view(s.x_dtype, {s.M, s.H});
   a.out = view(s.x_dtype, {s.M, s.H});
@@ -1358,8 +1344,11 @@ FusedMoeArgs shape_only_args(const MoeTestSpec& s) {
   }
   a.weights.w13 = view(s.scheme.fp8, {E, N1, s.H});
   a.weights.w2 = view(s.scheme.fp8, {E, s.H, s.I});
-  a.weights.w13_scale = view(DType::kF32, scale_shape(N1, s.H, true));
-  a.weights.w2_scale = view(DType::kF32, scale_shape(s.H, s.I, false));
+  const DType sdt = s.scheme.weight == WeightScaleKind::kMx ? DType::kU8 : DType::kF32;
+  a.weights.w13_scale =
+      view(sdt, testing::weight_scale_shape(s.scheme, E, N1, s.H, true, s.w13_shard_scales));
+  a.weights.w2_scale =
+      view(sdt, testing::weight_scale_shape(s.scheme, E, s.H, s.I, false, s.w13_shard_scales));
   if (s.bias) {
     a.weights.w13_bias = view(DType::kF32, {E, N1});
     a.weights.w2_bias = view(DType::kF32, {E, s.H});
