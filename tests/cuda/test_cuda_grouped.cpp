@@ -1199,6 +1199,25 @@ TEST(CudaGroupedSelection, SwapFuseBalancedRule) {
     EXPECT_EQ(cuda::swap_fuse_balanced(c.m_blocks, c.I, 132), c.fuse)
         << c.m_blocks << " m-blocks, I = " << c.I;
   }
+  // short K (H <= 512): the unfused tiles already carry 2 or 4 n-blocks; one m-block of I = 256
+  // is then one unfused tile of 4 units against 2 fused tiles of 2, so fusion
+  EXPECT_FALSE(cuda::swap_fuse_balanced(1, 256, 132, 1));
+  EXPECT_TRUE(cuda::swap_fuse_balanced(1, 256, 132, 4));
+  EXPECT_TRUE(cuda::swap_fuse_balanced(162, 256, 132, 2));  // 324 tiles either way: 6 against 6
+  EXPECT_FALSE(cuda::swap_fuse_balanced(57, 256, 0));       // no device: never fuse by the rule
+  // the expected m-blocks the rule is given: experts hit while they average few rows; at 16 rows
+  // per expert (the top of the 16-token region) ceil(rows / 16) counts the overflowing experts
+  cuda::MoeProblem p;  // DeepSeek-V3 TP8 routing: 256 experts, top-8
+  p.E = p.E_global = 256;
+  p.topk = 8;
+  EXPECT_NEAR(cuda::grouped_expected_m_blocks(p, 8), 56.6, 0.2);
+  EXPECT_NEAR(cuda::grouped_expected_m_blocks(p, 32), 161.9, 0.2);
+  const double at16 = cuda::grouped_expected_m_blocks(p, 512);  // rows ~ Binomial(4096, 1/256)
+  EXPECT_GT(at16, 1.3 * 256);
+  EXPECT_LT(at16, 1.6 * 256);
+  p.E = 32;  // expert parallelism: 32 of the 256 experts here
+  EXPECT_NEAR(cuda::grouped_expected_m_blocks(p, 8), 56.6 / 8, 0.05);
+  EXPECT_EQ(cuda::grouped_expected_m_blocks(p, 0), 0.0);
 }
 
 // The one-line plan describe_call gives for the grouped path (runs anywhere: no tensor data): the

@@ -62,8 +62,8 @@ int64_t tile_m_for(double rows_per_expert, bool batch_invariant = false) {
 //     the layer (docs/PERFORMANCE.md, grouped run 5).
 QuantSpec group_quant(const MoeProblem& p, bool second, unsigned* amax);
 
-// m_blocks: the GEMMs' m-blocks as far as the host knows them (contiguous: the expected number of
-// local experts hit, expected_m_blocks; masked: experts x slab blocks), for the balanced mode.
+// m_blocks: the GEMMs' m-blocks as far as the host knows them (contiguous: the expected number,
+// grouped_expected_m_blocks; masked: experts x slab blocks), for the balanced mode.
 bool fuse_act_wanted(const MoeProblem& p, int64_t bm, double m_blocks) {
   static const bool env128 = [] {
     const char* v = std::getenv("FP8MOE_GROUPED_FUSE_ACT");
@@ -80,16 +80,37 @@ bool fuse_act_wanted(const MoeProblem& p, int64_t bm, double m_blocks) {
   if (p.aq2 != AQuant::kGroupDynamic) return false;
   if (bm == 128) return env128;
   if (bm != 16 || p.H > 8192 || env16 < 1) return false;
-  return env16 == 1 ||
-         swap_fuse_balanced(static_cast<int64_t>(std::llround(m_blocks)), p.I, grouped_sm_count());
+  if (env16 == 1) return true;
+  // the unfused GEMM1's n-blocks per 16-token tile (more than one at short K: H <= 512)
+  GroupedGemmParams g;
+  g.tile_m = 16;
+  g.N = static_cast<int32_t>(p.N1);
+  g.K = static_cast<int32_t>(p.H);
+  g.swap_nb = p.swap_nb;
+  return swap_fuse_balanced(static_cast<int64_t>(std::llround(m_blocks)), p.I, grouped_sm_count(),
+                            grouped_swap_nb(g));
 }
 
-// The expected number of local experts that M tokens of top-k hit, each expert an m-block (the
-// 16-token kernel runs where experts average <= 16 rows), with uniform routing.
-double expected_m_blocks(const MoeProblem& p, int64_t m) {
-  const double pairs = double(m) * double(p.topk);
-  return double(p.E) * (1.0 - std::pow(1.0 - 1.0 / double(p.E_global), pairs));
+}  // namespace
+
+// Each local expert takes ceil(rows / 16) m-blocks, rows ~ Binomial(M topk, 1 / E_global), summed
+// from its probabilities (the 16-token kernel runs where experts average <= 16 rows).
+double grouped_expected_m_blocks(const MoeProblem& p, int64_t m) {
+  const double n = double(m) * double(p.topk), q = 1.0 / double(p.E_global);
+  if (n <= 0) return 0.0;
+  if (q >= 1.0) return double(p.E) * std::ceil(n / 16.0);
+  double logp = n * std::log1p(-q), sum = 0.0;  // log P(rows = 0)
+  const double mean = n * q, odds = std::log(q / (1.0 - q));
+  for (double r = 0; r < n; r += 1.0) {
+    logp += std::log((n - r) / (r + 1.0)) + odds;  // log P(rows = r + 1)
+    const double pr = std::exp(logp);
+    sum += pr * std::ceil((r + 1.0) / 16.0);
+    if (r + 1.0 > mean && pr < 1e-12) break;
+  }
+  return double(p.E) * sum;
 }
+
+namespace {
 
 // Between the GEMMs (unless GEMM1's epilogue fused it): the activation of y1 (rows, 2 I) and the
 // 1 x 128 quantisation of h into qh / sh in one kernel (launch_act_quant: h is never written;
@@ -312,7 +333,7 @@ void run_contiguous_chunk(const MoeProblem& p, const void* x, void* out, const v
   void* y1 = ws + L.y1;
   uint8_t* qh = ws + L.qh;
   float* sh = reinterpret_cast<float*>(ws + L.sh);
-  const bool fuse = fuse_act_wanted(p, bm, expected_m_blocks(p, m));
+  const bool fuse = fuse_act_wanted(p, bm, grouped_expected_m_blocks(p, m));
   {
     GroupedGemmParams g = gemm_params(p, p.w1, p.N1, p.H, L.capacity, sx, p.aq1);
     g.tile_m = static_cast<int32_t>(bm);
@@ -389,10 +410,11 @@ std::string gemm_plan(const char* name, const MoeProblem& p, int64_t bm, int64_t
 }
 }  // namespace
 
-bool swap_fuse_balanced(int64_t m_blocks, int64_t I, int64_t sms) {
-  if (m_blocks <= 0 || I <= 0 || sms <= 0) return false;
-  const int64_t tu = m_blocks * (2 * I / 128), tf = m_blocks * (I / 128);
-  const int64_t busiest_u = ceil_div(tu, std::min(tu, sms));
+bool swap_fuse_balanced(int64_t m_blocks, int64_t I, int64_t sms, int nb_unfused) {
+  if (m_blocks <= 0 || I <= 0 || sms <= 0 || nb_unfused <= 0) return false;
+  // in 128-row units: the unfused tiles carry nb_unfused n-blocks, the fused ones two
+  const int64_t tu = ceil_div(m_blocks * (2 * I / 128), nb_unfused), tf = m_blocks * (I / 128);
+  const int64_t busiest_u = nb_unfused * ceil_div(tu, std::min(tu, sms));
   const int64_t busiest_f = 2 * ceil_div(tf, std::min(tf, sms));
   return busiest_f <= busiest_u;
 }
@@ -402,7 +424,7 @@ std::string grouped_problem_plan(const MoeProblem& p) {
   const int64_t m = chunk_of(p);
   const double rpe = double(m * p.topk) / double(p.E);
   const int64_t bm = tile_m_for(rpe, p.batch_invariant);
-  const bool fuse = fuse_act_wanted(p, bm, expected_m_blocks(p, m));
+  const bool fuse = fuse_act_wanted(p, bm, grouped_expected_m_blocks(p, m));
   const int pairs = static_cast<int>(m * p.topk);
   std::string s = fmt::format("{:.1f} rows per expert{}; ", rpe,
                               m < p.M ? fmt::format(" (chunks of {} tokens)", m) : std::string());

@@ -25,7 +25,18 @@ int sm_count() {
 }  // namespace
 
 int grouped_gemm_smem_bytes() { return kGSmemBytes; }
-int grouped_sm_count() { return sm_count(); }
+int grouped_sm_count() {
+  static const int n = [] {  // 0 where no device answers (a rule's input, not a launch)
+    int dev = 0, v = 0;
+    if (cudaGetDevice(&dev) != cudaSuccess ||
+        cudaDeviceGetAttribute(&v, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess) {
+      cudaGetLastError();
+      return 0;
+    }
+    return v;
+  }();
+  return n;
+}
 
 namespace {
 // CTAs of the persistent grid for `tiles` tiles: one per SM, or p.max_ctas.

@@ -145,7 +145,7 @@ int grouped_tile_m(double rows_per_expert);
 
 // Shared-memory bytes and threads of the kernel (for reports).
 int grouped_gemm_smem_bytes();
-// The SMs of the current device (the persistent grids' CTA count); needs a device.
+// The SMs of the current device (the persistent grids' CTA count); 0 where no device answers.
 int grouped_sm_count();
 
 }  // namespace fp8moe::cuda
