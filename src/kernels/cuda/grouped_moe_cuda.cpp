@@ -52,9 +52,9 @@ int64_t tile_m_for(double rows_per_expert, bool batch_invariant = false) {
 // GEMM1 with the activation and the 1x128 quantisation of h fused into its epilogue
 // (GroupedGemmParams::fuse_act; gate and up n-blocks paired in one tile).
 //   - 16-token m-blocks (the swapped kernel, the small batches): opt-in FP8MOE_GROUPED_SWAP_FUSE=1
-//     (0 or unset: off) until measured on the card (written in session 27, when no device was
-//     lent after the first call); needs H <= 8192 (the whole K in one scale chunk). It removes the
-//     activation kernel between the GEMMs and y1's round trip; the tile covers 256 weight rows
+//     (0 or unset: off), measured 5-11% slower in the layer at M = 8 and 32 (docs/PERFORMANCE.md,
+//     grouped run 12; to be deleted); needs H <= 8192 (the whole K in one scale chunk). It removes
+//     the activation kernel between the GEMMs and y1's round trip; the tile covers 256 weight rows
 //     instead of 128 (half as many tiles), which may cost at small M where the tiles do not fill
 //     the card. FP8MOE_GROUPED_SWAP_FUSE=balanced fuses only where swap_fuse_balanced says the
 //     busiest SM gets no more weight rows than without fusion (the expected m-blocks: below).
@@ -237,8 +237,8 @@ QuantSpec group_quant(const MoeProblem& p, bool second, unsigned* amax) {
 
 // The alignment and the 1 x 128 quantisation of x in one kernel (launch_align_quant) for up to
 // kAlignQuantMaxPairs (1024) pairs: opt-in FP8MOE_GROUPED_ALIGN_QUANT=1 (0 or unset: the two
-// kernels) until measured on the card (written in session 27, when no device was lent after the
-// first call). After the routing kernel it launches with programmatic stream serialization (its
+// kernels), measured no faster (docs/PERFORMANCE.md, grouped run 12; to be deleted). After the
+// routing kernel it launches with programmatic stream serialization (its
 // first tokens are quantised while the routing runs); FP8MOE_GROUPED_ALIGN_QUANT=plain launches it
 // plainly (to measure what that overlap gives).
 int align_quant_mode() {  // 0 off, 1 on, 2 on without programmatic launch
