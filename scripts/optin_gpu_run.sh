@@ -6,8 +6,8 @@
 # OPTIN_VARIANTS in the same session. A variant may set several variables: "A=1,B=1". Both lists
 # are empty by default: then only the plain tests and benchmarks run. Logs in $OUT (or
 # ./gpu_out): summary.txt, tests_*.log, san_*.log, bench_<n>.log; the summary is printed last.
-# Session 27's FP8MOE_GROUPED_SWAP_FUSE and FP8MOE_GROUPED_ALIGN_QUANT were measured with it in
-# session 28 (docs/PERFORMANCE.md, grouped run 12): correct, not faster; none waits now.
+# Session 27's opt-ins were measured with it in session 28 (docs/PERFORMANCE.md, grouped run 12):
+# correct, not faster, deleted in session 29; none waits now.
 #
 #   [OPTIN_VARIANTS="A=1 B=1,C=1 ..."] [OPTIN_TEST_VARIANTS="A=1,B=1,C=1 ..."]
 #   [OPTIN_TESTS=REGEX] [SAN_FILTER=GTEST_FILTER] [OPTIN_SAN=GTEST_FILTER]

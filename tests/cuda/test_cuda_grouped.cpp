@@ -466,8 +466,7 @@ TEST(CudaGroupedGemmLongK, MoreThan128KBlocksExactBitwise) {
 }
 
 // GEMM1 with the fused activation + 1x128 quantisation epilogue (fuse_act: the 256 tile with
-// paired gate/up halves, or the 16-token swapped kernel with paired gate/up n-blocks: tm 16), and
-// launch_act_quant (the grouped chain's activation + quantisation in
+// paired gate/up halves; opt-in FP8MOE_GROUPED_FUSE_ACT), and launch_act_quant (the grouped chain's activation + quantisation in
 // one kernel) on GEMM1's bf16 output, against the two-kernel chain on the same device (GEMM1 with
 // bf16 output, launch_activation, launch_quant): q and the group scales must be bitwise equal, on
 // random non-exact data, for several activations, the fused SiLU+quant semantics (h in f32, scale
@@ -477,7 +476,6 @@ struct FuseCase {
   std::string name;
   cuda::Act act;
   bool limit, fp32_silu, ue8m0, bias, masked;
-  int tm = 128;  // m-block: 128 (the 256 tile) or 16 (the swapped kernel)
   int K = 384;
   // times the weight and activation scales: 30 makes h large enough that the fused SiLU+quant
   // semantics take amax / 448 rather than their scale floor (1 / (448 * 512)) for most groups
@@ -490,7 +488,7 @@ TEST_P(CudaGroupedFusedAct, BitwiseEqualToTheUnfusedChain) {
   SKIP_WITHOUT_SM90();
   const FuseCase& fc = GetParam();
   std::mt19937 rng(77);
-  const int E = 4, I = 256, N = 2 * I, K = fc.K, tm = fc.tm;
+  const int E = 4, I = 256, N = 2 * I, K = fc.K, tm = 128;
   std::normal_distribution<float> nd(0.0f, 1.5f);
   std::uniform_real_distribution<float> ud(0.5f, 2.0f);
   HostGemm g{E, N, K, {}, {}, {}};
@@ -502,7 +500,7 @@ TEST_P(CudaGroupedFusedAct, BitwiseEqualToTheUnfusedChain) {
     g.bias.resize(size_t(E) * N);
     for (auto& x : g.bias) x = 0.5f * nd(rng);
   }
-  // rows: contiguous chunks aligned to the m-block (tm) with padding rows, or masked slabs
+  // rows: contiguous chunks aligned to the 128-row m-block with padding rows, or masked slabs
   std::vector<int32_t> sorted, blk, counts;
   int num_valid = 0;
   int64_t rows = 0, max_mblk = 0;
@@ -590,10 +588,7 @@ TEST_P(CudaGroupedFusedAct, BitwiseEqualToTheUnfusedChain) {
   // unfused
   {
     cuda::GroupedGemmParams u = p;
-    if (tm == 128)
-      u.tile_n = 256;
-    else
-      u.swap_nb = 1;
+    u.tile_n = 256;
     u.out = static_cast<uint16_t*>(y1.data());
     u.out_stride = N;
     cuda::launch_grouped_gemm(u, static_cast<const uint8_t*>(da.data()),
@@ -636,11 +631,10 @@ TEST_P(CudaGroupedFusedAct, BitwiseEqualToTheUnfusedChain) {
     cuda::launch_grouped_gemm(f, static_cast<const uint8_t*>(da.data()),
                               static_cast<const uint8_t*>(db.data()), int64_t(E) * N, max_mblk,
                               nullptr);
-    if (tm == 16 &&
-        ctas == 0) {  // the swapped kernel's limits: one scale chunk of 64 K blocks, no scatter
-      cuda::GroupedGemmParams big = f;
-      big.K = 8192 + 128;
-      EXPECT_THROW(cuda::launch_grouped_gemm(big, nullptr, nullptr, int64_t(E) * N, 1, nullptr),
+    if (ctas == 0) {  // the launcher's refusals: another m-block, scatter, interleaved columns
+      cuda::GroupedGemmParams t16 = f;
+      t16.tile_m = 16;
+      EXPECT_THROW(cuda::launch_grouped_gemm(t16, nullptr, nullptr, int64_t(E) * N, 1, nullptr),
                    ValueError);
       cuda::GroupedGemmParams scat = f;
       scat.out_scatter = 1;
@@ -703,23 +697,11 @@ INSTANTIATE_TEST_SUITE_P(
         FuseCase{"silu_limit", cuda::Act::kSilu, true, false, false, false, false},
         FuseCase{"fused_silu_quant", cuda::Act::kSilu, false, true, false, false, false},
         FuseCase{"fused_silu_quant_computed_scales", cuda::Act::kSilu, false, true, false, false,
-                 false, 128, 384, 30.0f},
+                 false, 384, 30.0f},
         FuseCase{"silu_ue8m0", cuda::Act::kSilu, false, false, true, true, false},
         FuseCase{"gelu", cuda::Act::kGelu, false, false, false, false, true},
         FuseCase{"swigluoai_uninterleave", cuda::Act::kSwigluOaiUninterleave, false, false, false,
-                 true, false},
-        // the 16-token swapped kernel (K = 8192: the longest K of its one scale chunk)
-        FuseCase{"tm16_silu", cuda::Act::kSilu, false, false, false, false, false, 16},
-        FuseCase{"tm16_silu_masked_bias", cuda::Act::kSilu, false, false, false, true, true, 16},
-        FuseCase{"tm16_silu_limit_long_k", cuda::Act::kSilu, true, false, false, false, false, 16,
-                 8192},
-        FuseCase{"tm16_fused_silu_quant", cuda::Act::kSilu, false, true, false, false, false, 16},
-        FuseCase{"tm16_fused_silu_quant_computed_scales", cuda::Act::kSilu, false, true, false,
-                 false, true, 16, 384, 30.0f},
-        FuseCase{"tm16_silu_ue8m0_bias", cuda::Act::kSilu, false, false, true, true, false, 16},
-        FuseCase{"tm16_gelu_masked", cuda::Act::kGelu, false, false, false, false, true, 16},
-        FuseCase{"tm16_swigluoai_uninterleave", cuda::Act::kSwigluOaiUninterleave, false, false,
-                 false, true, false, 16}),
+                 true, false}),
     [](const auto& info) { return info.param.name; });
 
 // ---- the layer --------------------------------------------------------------------------------
@@ -1177,56 +1159,12 @@ TEST(CudaGroupedSelection, RegistryLimitsAndShapeRule) {
   EXPECT_FALSE(g.supports_config(cfg, std::nullopt, std::nullopt).ok);
 }
 
-// FP8MOE_GROUPED_SWAP_FUSE=balanced's rule (runs anywhere): fuse GEMM1's activation into the
-// 16-token tiles only where the busiest CTA of the persistent grid then streams no more weight rows
-// than without fusion. The m-block counts are the expected ones of docs/PERFORMANCE.md (session 28)
-// for 8 and 32 tokens of the models.md shapes on the H200's 132 SMs.
-TEST(CudaGroupedSelection, SwapFuseBalancedRule) {
-  struct Case {
-    int64_t m_blocks, I;
-    bool fuse;
-  };
-  for (const Case c : {Case{57, 256, true},     // DeepSeek-V3 TP8, M = 8: 2 vs 2 tile units
-                       Case{162, 256, false},   // TP8, M = 32: 6 vs 5
-                       Case{57, 1024, false},   // TP2, M = 8: 8 vs 7
-                       Case{162, 1024, true},   // TP2, M = 32: 20 vs 20
-                       Case{51, 384, false},    // Qwen3-235B TP4, M = 8: 4 vs 3
-                       Case{111, 384, true},    // Qwen3-235B TP4, M = 32: 6 vs 6
-                       Case{74, 256, false},    // Qwen3-Next TP2, M = 8: 4 vs 3
-                       Case{238, 256, true},    // Qwen3-Next TP2, M = 32: 8 vs 8
-                       Case{1, 256, false},     // one m-block: 2 fused tiles on 2 CTAs vs 4 on 4
-                       Case{0, 256, false}}) {  // nothing to run
-    EXPECT_EQ(cuda::swap_fuse_balanced(c.m_blocks, c.I, 132), c.fuse)
-        << c.m_blocks << " m-blocks, I = " << c.I;
-  }
-  // short K (H <= 512): the unfused tiles already carry 2 or 4 n-blocks; one m-block of I = 256
-  // is then one unfused tile of 4 units against 2 fused tiles of 2, so fusion
-  EXPECT_FALSE(cuda::swap_fuse_balanced(1, 256, 132, 1));
-  EXPECT_TRUE(cuda::swap_fuse_balanced(1, 256, 132, 4));
-  EXPECT_TRUE(cuda::swap_fuse_balanced(162, 256, 132, 2));  // 324 tiles either way: 6 against 6
-  EXPECT_FALSE(cuda::swap_fuse_balanced(57, 256, 0));       // no device: never fuse by the rule
-  // the expected m-blocks the rule is given: experts hit while they average few rows; at 16 rows
-  // per expert (the top of the 16-token region) ceil(rows / 16) counts the overflowing experts
-  cuda::MoeProblem p;  // DeepSeek-V3 TP8 routing: 256 experts, top-8
-  p.E = p.E_global = 256;
-  p.topk = 8;
-  EXPECT_NEAR(cuda::grouped_expected_m_blocks(p, 8), 56.6, 0.2);
-  EXPECT_NEAR(cuda::grouped_expected_m_blocks(p, 32), 161.9, 0.2);
-  const double at16 = cuda::grouped_expected_m_blocks(p, 512);  // rows ~ Binomial(4096, 1/256)
-  EXPECT_GT(at16, 1.3 * 256);
-  EXPECT_LT(at16, 1.6 * 256);
-  p.E = 32;  // expert parallelism: 32 of the 256 experts here
-  EXPECT_NEAR(cuda::grouped_expected_m_blocks(p, 8), 56.6 / 8, 0.05);
-  EXPECT_EQ(cuda::grouped_expected_m_blocks(p, 0), 0.0);
-}
-
 // The one-line plan describe_call gives for the grouped path (runs anywhere: no tensor data): the
 // m-block and kernel from the rows per expert, each GEMM's tile by the rules, which small kernels
 // run. The expectations hold for the defaults (no FP8MOE_GROUPED_* variable set).
 TEST(CudaGroupedSelection, PlanNamesTheKernelsTheRulesChoose) {
   for (const char* v : {"FP8MOE_GROUPED_TILE_M", "FP8MOE_GROUPED_SWAP", "FP8MOE_GROUPED_SWAP_NB",
-                        "FP8MOE_GROUPED_TILE_N", "FP8MOE_GROUPED_SWAP_FUSE",
-                        "FP8MOE_GROUPED_ALIGN_QUANT", "FP8MOE_GROUPED_FUSE_ACT"})
+                        "FP8MOE_GROUPED_TILE_N", "FP8MOE_GROUPED_FUSE_ACT"})
     if (std::getenv(v)) GTEST_SKIP() << v << " is set";
   cuda::MoeProblem p;  // DeepSeek-V3 TP8
   p.H = 7168;

@@ -50,67 +50,20 @@ int64_t tile_m_for(double rows_per_expert, bool batch_invariant = false) {
 }
 
 // GEMM1 with the activation and the 1x128 quantisation of h fused into its epilogue
-// (GroupedGemmParams::fuse_act; gate and up n-blocks paired in one tile).
-//   - 16-token m-blocks (the swapped kernel, the small batches): opt-in FP8MOE_GROUPED_SWAP_FUSE=1
-//     (0 or unset: off), measured 5-11% slower in the layer at M = 8 and 32 (docs/PERFORMANCE.md,
-//     grouped run 12; to be deleted); needs H <= 8192 (the whole K in one scale chunk). It removes
-//     the activation kernel between the GEMMs and y1's round trip; the tile covers 256 weight rows
-//     instead of 128 (half as many tiles), which may cost at small M where the tiles do not fill
-//     the card. FP8MOE_GROUPED_SWAP_FUSE=balanced fuses only where swap_fuse_balanced says the
-//     busiest SM gets no more weight rows than without fusion (the expected m-blocks: below).
-//   - 128-row m-blocks (the 256 tile): opt-in FP8MOE_GROUPED_FUSE_ACT=1, measured 39-52% slower in
-//     the layer (docs/PERFORMANCE.md, grouped run 5).
+// (GroupedGemmParams::fuse_act; gate and up n-blocks paired in one 128 x 256 tile, 128-row
+// m-blocks): opt-in FP8MOE_GROUPED_FUSE_ACT=1, measured 39-52% slower in the layer
+// (docs/PERFORMANCE.md, grouped run 5). (The same epilogue on the 16-token swapped kernel,
+// FP8MOE_GROUPED_SWAP_FUSE, was 5-11% slower at M = 8 and 32: grouped run 12; deleted in session
+// 29, commit 5919d39 has it.)
 QuantSpec group_quant(const MoeProblem& p, bool second, unsigned* amax);
 
-// m_blocks: the GEMMs' m-blocks as far as the host knows them (contiguous: the expected number,
-// grouped_expected_m_blocks; masked: experts x slab blocks), for the balanced mode.
-bool fuse_act_wanted(const MoeProblem& p, int64_t bm, double m_blocks) {
+bool fuse_act_wanted(const MoeProblem& p, int64_t bm) {
   static const bool env128 = [] {
     const char* v = std::getenv("FP8MOE_GROUPED_FUSE_ACT");
     return v && v[0] == '1';
   }();
-  static const int env16 = [] {
-    const char* v = std::getenv("FP8MOE_GROUPED_SWAP_FUSE");
-    if (!v || !*v) return -1;
-    const std::string s(v);
-    if (s != "0" && s != "1" && s != "balanced")
-      throw ValueError("FP8MOE_GROUPED_SWAP_FUSE='" + s + "' is not 0, 1 or balanced");
-    return s == "1" ? 1 : (s == "balanced" ? 2 : 0);
-  }();
-  if (p.aq2 != AQuant::kGroupDynamic) return false;
-  if (bm == 128) return env128;
-  if (bm != 16 || p.H > 8192 || env16 < 1) return false;
-  if (env16 == 1) return true;
-  // the unfused GEMM1's n-blocks per 16-token tile (more than one at short K: H <= 512)
-  GroupedGemmParams g;
-  g.tile_m = 16;
-  g.N = static_cast<int32_t>(p.N1);
-  g.K = static_cast<int32_t>(p.H);
-  g.swap_nb = p.swap_nb;
-  return swap_fuse_balanced(static_cast<int64_t>(std::llround(m_blocks)), p.I, grouped_sm_count(),
-                            grouped_swap_nb(g));
+  return p.aq2 == AQuant::kGroupDynamic && bm == 128 && env128;
 }
-
-}  // namespace
-
-// Each local expert takes ceil(rows / 16) m-blocks, rows ~ Binomial(M topk, 1 / E_global), summed
-// from its probabilities (the 16-token kernel runs where experts average <= 16 rows).
-double grouped_expected_m_blocks(const MoeProblem& p, int64_t m) {
-  const double n = double(m) * double(p.topk), q = 1.0 / double(p.E_global);
-  if (n <= 0) return 0.0;
-  if (q >= 1.0) return double(p.E) * std::ceil(n / 16.0);
-  double logp = n * std::log1p(-q), sum = 0.0;  // log P(rows = 0)
-  const double mean = n * q, odds = std::log(q / (1.0 - q));
-  for (double r = 0; r < n; r += 1.0) {
-    logp += std::log((n - r) / (r + 1.0)) + odds;  // log P(rows = r + 1)
-    const double pr = std::exp(logp);
-    sum += pr * std::ceil((r + 1.0) / 16.0);
-    if (r + 1.0 > mean && pr < 1e-12) break;
-  }
-  return double(p.E) * sum;
-}
-
-namespace {
 
 // Between the GEMMs (unless GEMM1's epilogue fused it): the activation of y1 (rows, 2 I) and the
 // 1 x 128 quantisation of h into qh / sh in one kernel (launch_act_quant: h is never written;
@@ -235,27 +188,6 @@ QuantSpec group_quant(const MoeProblem& p, bool second, unsigned* amax) {
 
 // ---- contiguous ("cuda_grouped") ---------------------------------------------------------------
 
-// The alignment and the 1 x 128 quantisation of x in one kernel (launch_align_quant) for up to
-// kAlignQuantMaxPairs (1024) pairs: opt-in FP8MOE_GROUPED_ALIGN_QUANT=1 (0 or unset: the two
-// kernels), measured no faster (docs/PERFORMANCE.md, grouped run 12; to be deleted). After the
-// routing kernel it launches with programmatic stream serialization (its
-// first tokens are quantised while the routing runs); FP8MOE_GROUPED_ALIGN_QUANT=plain launches it
-// plainly (to measure what that overlap gives).
-int align_quant_mode() {  // 0 off, 1 on, 2 on without programmatic launch
-  static const int env = [] {
-    const char* v = std::getenv("FP8MOE_GROUPED_ALIGN_QUANT");
-    if (!v || !*v) return 0;
-    const std::string s(v);
-    if (s != "0" && s != "1" && s != "plain")
-      throw ValueError("FP8MOE_GROUPED_ALIGN_QUANT='" + s + "' is not 0, 1 or plain");
-    return s == "1" ? 1 : (s == "plain" ? 2 : 0);
-  }();
-  return env;
-}
-bool align_quant_wanted(const MoeProblem& p, int pairs) {
-  return align_quant_mode() != 0 && p.aq1 == AQuant::kGroupDynamic &&
-         pairs <= kAlignQuantMaxPairs && p.E <= 1024;
-}
 
 int64_t chunk_of(const MoeProblem& p) { return std::min<int64_t>(p.M, kGroupedChunkTokens); }
 
@@ -293,47 +225,34 @@ void run_contiguous_chunk(const MoeProblem& p, const void* x, void* out, const v
   unsigned* amax = reinterpret_cast<unsigned*>(ws + L.amax);
   uint8_t* qx = ws + L.qxs;
   float* sx = reinterpret_cast<float*>(ws + L.sxs);
-  const bool align_quant = align_quant_wanted(p, pairs);
-  if (align_quant) {
-    RowScale rs;
-    if (p.router_on_input) rs.w = tw;
-    launch_align_quant(
-        ids, pairs, p.expert_map, static_cast<int>(p.E_global), static_cast<int>(p.E),
-        static_cast<int>(bm), static_cast<int>(L.capacity), al, group_quant(p, false, amax), x,
-        false, p.H, static_cast<int>(m), static_cast<int>(p.topk), rs, static_cast<int>(p.H),
-        QuantOut{qx, p.H, sx, p.H / 128}, st, p.route_in_kernel && align_quant_mode() == 1);
-  } else {
-    launch_align(ids, pairs, p.expert_map, static_cast<int>(p.E_global), static_cast<int>(p.E),
-                 static_cast<int>(bm), static_cast<int>(L.capacity), 0, al, st);
-  }
+  launch_align(ids, pairs, p.expert_map, static_cast<int>(p.E_global), static_cast<int>(p.E),
+               static_cast<int>(bm), static_cast<int>(L.capacity), 0, al, st);
   // x quantised straight into the permuted order (row p = token sorted_ids[p] / topk). 1 x 128
   // groups: each token once, written to the sorted rows of its pairs (launch_quant_scatter;
   // bitwise what quantising every valid sorted row would give; measured faster on the H200:
   // docs/PERFORMANCE.md; require() has checked p.gk == 128). Per-token / per-tensor scales (the
   // cuda_fused path only): launch_quant over the sorted rows, gathered from their tokens. Padding
   // rows stay unwritten: the GEMMs never store their outputs.
-  if (!align_quant) {
-    RowScale rs;
-    if (p.router_on_input) rs.w = tw;
-    if (p.aq1 == AQuant::kGroupDynamic) {
-      launch_quant_scatter(group_quant(p, false, amax), x, false, p.H, static_cast<int>(m),
-                           static_cast<int>(p.topk), al.pair_pos, rs, static_cast<int>(p.H),
-                           QuantOut{qx, p.H, sx, p.H / 128}, st);
-    } else {
-      // per-token / per-tensor scales (the cuda_fused grouped path): quantise the sorted rows
-      // from their tokens (gathered, as the wgmma path does); a per-tensor scale lands in sx[0]
-      const QuantSpec q = p.act_quant(false, amax);
-      const RowSet rows{al.sorted_ids, al.meta, static_cast<int32_t>(L.capacity), pairs,
-                        static_cast<int32_t>(p.topk)};
-      launch_quant(q, x, false, p.H, rows, rs, static_cast<int>(p.H),
-                   QuantOut{qx, p.H, sx, p.a_scale_cols(p.H, p.aq1)}, st);
-    }
+  RowScale rs;
+  if (p.router_on_input) rs.w = tw;
+  if (p.aq1 == AQuant::kGroupDynamic) {
+    launch_quant_scatter(group_quant(p, false, amax), x, false, p.H, static_cast<int>(m),
+                         static_cast<int>(p.topk), al.pair_pos, rs, static_cast<int>(p.H),
+                         QuantOut{qx, p.H, sx, p.H / 128}, st);
+  } else {
+    // per-token / per-tensor scales (the cuda_fused grouped path): quantise the sorted rows
+    // from their tokens (gathered, as the wgmma path does); a per-tensor scale lands in sx[0]
+    const QuantSpec q = p.act_quant(false, amax);
+    const RowSet rows{al.sorted_ids, al.meta, static_cast<int32_t>(L.capacity), pairs,
+                      static_cast<int32_t>(p.topk)};
+    launch_quant(q, x, false, p.H, rows, rs, static_cast<int>(p.H),
+                 QuantOut{qx, p.H, sx, p.a_scale_cols(p.H, p.aq1)}, st);
   }
   const int64_t max_mblk = L.capacity / bm;
   void* y1 = ws + L.y1;
   uint8_t* qh = ws + L.qh;
   float* sh = reinterpret_cast<float*>(ws + L.sh);
-  const bool fuse = fuse_act_wanted(p, bm, grouped_expected_m_blocks(p, m));
+  const bool fuse = fuse_act_wanted(p, bm);
   {
     GroupedGemmParams g = gemm_params(p, p.w1, p.N1, p.H, L.capacity, sx, p.aq1);
     g.tile_m = static_cast<int32_t>(bm);
@@ -410,30 +329,19 @@ std::string gemm_plan(const char* name, const MoeProblem& p, int64_t bm, int64_t
 }
 }  // namespace
 
-bool swap_fuse_balanced(int64_t m_blocks, int64_t I, int64_t sms, int nb_unfused) {
-  if (m_blocks <= 0 || I <= 0 || sms <= 0 || nb_unfused <= 0) return false;
-  // in 128-row units: the unfused tiles carry nb_unfused n-blocks, the fused ones two
-  const int64_t tu = ceil_div(m_blocks * (2 * I / 128), nb_unfused), tf = m_blocks * (I / 128);
-  const int64_t busiest_u = nb_unfused * ceil_div(tu, std::min(tu, sms));
-  const int64_t busiest_f = 2 * ceil_div(tf, std::min(tf, sms));
-  return busiest_f <= busiest_u;
-}
-
 std::string grouped_problem_plan(const MoeProblem& p) {
   if (p.M == 0) return "no tokens: nothing runs";
   const int64_t m = chunk_of(p);
   const double rpe = double(m * p.topk) / double(p.E);
   const int64_t bm = tile_m_for(rpe, p.batch_invariant);
-  const bool fuse = fuse_act_wanted(p, bm, grouped_expected_m_blocks(p, m));
-  const int pairs = static_cast<int>(m * p.topk);
+  const bool fuse = fuse_act_wanted(p, bm);
   std::string s = fmt::format("{:.1f} rows per expert{}; ", rpe,
                               m < p.M ? fmt::format(" (chunks of {} tokens)", m) : std::string());
   s += bm < 128 ? fmt::format("{}-token m-blocks (swapped operands: no 128-row padding)", bm)
                 : std::string(p.batch_invariant ? "128-row m-blocks at every M (batch invariant)"
                                                 : "128-row m-blocks");
   s += p.route_in_kernel ? "; routing kernel" : "; routing given";
-  s += align_quant_wanted(p, pairs) ? "; alignment and x quantisation in one kernel"
-                                    : "; alignment, then x quantised into the sorted rows";
+  s += "; alignment, then x quantised into the sorted rows";
   s += "; " + gemm_plan("GEMM1", p, bm, p.N1, p.H, fuse);
   s += fuse ? " with the activation and h's 1x128 quantisation in its epilogue"
             : "; activation and h's quantisation kernel";
@@ -560,7 +468,7 @@ void run_masked(const FusedMoeArgs& args, void* workspace) {
   void* y1 = ws + L.y1;
   uint8_t* qh = ws + L.qh;
   float* sh = reinterpret_cast<float*>(ws + L.sh);
-  const bool fuse = fuse_act_wanted(p, bm, double(mp.E * ceil_div(mp.max_m, bm)));
+  const bool fuse = fuse_act_wanted(p, bm);
   {
     GroupedGemmParams g = gemm_params(p, p.w1, p.N1, p.H, rows, sx, p.aq1);
     g.tile_m = static_cast<int32_t>(bm);
@@ -660,7 +568,7 @@ const ExpertsImpl& grouped_masked_impl() {
       const MaskedProblem mp = masked_problem(args);
       const MoeProblem& p = mp.p;
       const int64_t bm = tile_m_for(double(mp.max_m));
-      const bool fuse = fuse_act_wanted(p, bm, double(mp.E * ceil_div(mp.max_m, bm)));
+      const bool fuse = fuse_act_wanted(p, bm);
       return fmt::format(
           "grouped GEMMs, masked layout (BATCHED_DEEPGEMM contract): {} experts x {} rows; {}; "
           "x quantised per slab row; {}{}; {} into the output slabs",

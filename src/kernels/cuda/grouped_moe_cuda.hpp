@@ -41,19 +41,6 @@ std::string grouped_problem_limit(const MoeProblem& p);
 // GEMM's tile, which small kernels run or are fused, per the rules and the opt-in variables now).
 // Reads no tensor data; does not check the limits (grouped_problem_limit).
 std::string grouped_problem_plan(const MoeProblem& p);
-// FP8MOE_GROUPED_SWAP_FUSE=balanced's rule for GEMM1 on 16-token m-blocks (intermediate I): the
-// fused tiles pair a gate and an up n-block (256 weight rows), and the persistent grid strides its
-// min(tiles, sms) CTAs over the tiles, so the busiest CTA takes ceil(T / min(T, sms)) of them.
-// Fuse when it then gets no more weight rows than without fusion: 2 ceil(Tf / gf) <= nb ceil(Tu /
-// gu) with Tu = m_blocks x 2I / (128 nb), Tf = m_blocks x I / 128 and nb the unfused tiles'
-// n-blocks (grouped_swap_nb: 1 from H > 512). E.g. 162 m-blocks (DeepSeek-V3 TP8 at 32 tokens) of
-// I = 256 on 132 SMs: 6 against 5, no fusion; 57 (8 tokens): 2 against 2, fusion. (A CTA runs its
-// tiles on two pipelines; counted per pipeline the rule would differ in several cells: the A/B on
-// the card decides which count predicts.)
-bool swap_fuse_balanced(int64_t m_blocks, int64_t I, int64_t sms, int nb_unfused = 1);
-// The balanced rule's m-blocks for a chunk of m tokens: the expected 16-token m-blocks under
-// uniform routing, E_local x E[ceil(rows / 16)] with rows ~ Binomial(m topk, 1 / E_global).
-double grouped_expected_m_blocks(const MoeProblem& p, int64_t m);
 std::size_t grouped_problem_workspace(const MoeProblem& p);
 void run_grouped_problem(const MoeProblem& p, void* workspace);
 

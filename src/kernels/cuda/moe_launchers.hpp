@@ -20,24 +20,6 @@ void launch_align(const int32_t* topk_ids, int num_valid, const int32_t* expert_
                   int E_local, int bm, int capacity, int fixed_stride, const AlignOut& out,
                   cudaStream_t stream, int64_t split_min = -1);
 
-// The alignment (the sorted layout, as launch_align without scratch) and the 1 x 128 quantisation
-// of the M token rows of x into the sorted rows of their pairs (as launch_quant_scatter) in one
-// kernel, for num_valid = M * topk <= kAlignQuantMaxPairs pairs and E_local <= 1024: every block
-// aligns all pairs (block 0 writes the tables) and quantises its share of the tokens. Within an
-// expert the pairs are in index order (deterministic), where launch_align follows its atomics;
-// the tables and every pair's codes and scales are the same (smxx_moe_align_quant.cu).
-// after_route: the previous kernel on the stream is the routing kernel that writes topk_ids (and
-// was itself launched plainly); the kernel then launches with programmatic stream serialization
-// and quantises its first tokens while the routing runs.
-// (the ranks within an expert take one serial warp step per 32 pairs: kept to 32 steps)
-constexpr int kAlignQuantMaxPairs = 1024;
-constexpr int kAlignQuantMaxBlocks = 128;
-void launch_align_quant(const int32_t* topk_ids, int num_valid, const int32_t* expert_map,
-                        int E_global, int E_local, int bm, int capacity, const AlignOut& out,
-                        const QuantSpec& spec, const void* x, bool x_f32, int64_t x_stride, int M,
-                        int topk, const RowScale& rs, int cols, const QuantOut& qout,
-                        cudaStream_t stream, bool after_route = false);
-
 void launch_batched_rows(const int32_t* counts, int E_local, int T, int T_pad, int bm,
                          const AlignOut& out, cudaStream_t stream);
 

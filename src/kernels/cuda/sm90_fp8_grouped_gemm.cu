@@ -25,18 +25,6 @@ int sm_count() {
 }  // namespace
 
 int grouped_gemm_smem_bytes() { return kGSmemBytes; }
-int grouped_sm_count() {
-  static const int n = [] {  // 0 where no device answers (a rule's input, not a launch)
-    int dev = 0, v = 0;
-    if (cudaGetDevice(&dev) != cudaSuccess ||
-        cudaDeviceGetAttribute(&v, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess) {
-      cudaGetLastError();
-      return 0;
-    }
-    return v;
-  }();
-  return n;
-}
 
 namespace {
 // CTAs of the persistent grid for `tiles` tiles: one per SM, or p.max_ctas.
@@ -163,13 +151,13 @@ int grouped_swap_nb(const GroupedGemmParams& p) {
 }
 
 namespace {
-template <int kTN, int kNB, bool kFuse = false>
+template <int kTN, int kNB>
 void launch_swap(const GroupedGemmParams& p, const uint8_t* a, const uint8_t* b, int64_t b_rows,
                  int64_t max_m_blocks, cudaStream_t stream) {
-  using C = SwapCfg<kTN, kNB, kFuse>;
+  using C = SwapCfg<kTN, kNB>;
   static std::once_flag once;
   std::call_once(once, [] {
-    FP8MOE_CUDA_CHECK(cudaFuncSetAttribute(grouped_gemm_swap_kernel<kTN, kNB, kFuse>,
+    FP8MOE_CUDA_CHECK(cudaFuncSetAttribute(grouped_gemm_swap_kernel<kTN, kNB>,
                                            cudaFuncAttributeMaxDynamicSharedMemorySize,
                                            C::kSmemBytes));
   });
@@ -177,8 +165,7 @@ void launch_swap(const GroupedGemmParams& p, const uint8_t* a, const uint8_t* b,
   const CUtensorMap tm_b = make_tma_2d_u8(b, p.K, b_rows, kGBK, kGBN);
   const int64_t tiles = max_m_blocks * (p.N / C::kCols);
   const unsigned grid = static_cast<unsigned>(grid_ctas(p, tiles));
-  grouped_gemm_swap_kernel<kTN, kNB, kFuse>
-      <<<grid, kGThreads, C::kSmemBytes, stream>>>(p, tm_a, tm_b);
+  grouped_gemm_swap_kernel<kTN, kNB><<<grid, kGThreads, C::kSmemBytes, stream>>>(p, tm_a, tm_b);
   FP8MOE_CUDA_CHECK_LAUNCH();
 }
 }  // namespace
@@ -206,26 +193,14 @@ void launch_grouped_gemm(const GroupedGemmParams& p, const uint8_t* a, const uin
   if (p.K % kGBK != 0 || p.N % kGBN != 0)
     throw ValueError("grouped GEMM: K (" + std::to_string(p.K) + ") and N (" + std::to_string(p.N) +
                      ") must be multiples of 128");
-  if (p.fuse_act && p.tile_m != 128 && p.tile_m != 16)
-    throw ValueError(
-        "grouped GEMM: the fused activation runs on the 128-row and 16-token kernels only");
-  if (p.fuse_act && (p.N % kG2BN != 0 || p.out_scatter || p.row_weight || !p.q_out || !p.q_scale))
-    throw ValueError(
-        "grouped GEMM: the fused activation needs N % 256 == 0, no scatter, no row weight and "
-        "q_out / q_scale");
+  if (p.fuse_act && p.tile_m != 128)
+    throw ValueError("grouped GEMM: the fused activation runs on the 128-row kernel only");
   if (p.fuse_act && static_cast<Act>(p.act.act) == Act::kSwigluOai)
     throw ValueError(
         "grouped GEMM: the fused activation pairs gate and up halves; interleaved gate/up columns "
         "(swigluoai) are not halves");
   switch (p.tile_m) {
     case 16: {
-      if (p.fuse_act) {  // gate and up n-blocks in one tile, the whole K in one scale chunk
-        if (p.K / kGBK > SwapCfg<16, 2, true>::kScaleKb)
-          throw ValueError("grouped GEMM: the fused activation on 16-token tiles needs K <= " +
-                           std::to_string(SwapCfg<16, 2, true>::kScaleKb * kGBK) + ", got " +
-                           std::to_string(p.K));
-        return launch_swap<16, 2, true>(p, a, b, b_rows, max_m_blocks, stream);
-      }
       const int nb = grouped_swap_nb(p);
       if (nb == 4) return launch_swap<16, 4>(p, a, b, b_rows, max_m_blocks, stream);
       if (nb == 2) return launch_swap<16, 2>(p, a, b, b_rows, max_m_blocks, stream);
@@ -262,6 +237,10 @@ void launch_grouped_gemm(const GroupedGemmParams& p, const uint8_t* a, const uin
                                            cudaFuncAttributeMaxDynamicSharedMemorySize,
                                            kG2aSmemBytes));
   });
+  if (p.fuse_act && (p.N % kG2BN != 0 || p.out_scatter || p.row_weight || !p.q_out || !p.q_scale))
+    throw ValueError(
+        "grouped GEMM: the fused activation needs N % 256 == 0, no scatter, no row weight and "
+        "q_out / q_scale");
   const int mc = grouped_cluster_ctas(p);
   if (p.fuse_act || grouped_tile_n(p) == kG2BN) {  // 128 x 256 tiles (two 128-row B halves)
     const CUtensorMap tm_b = make_tma_2d_u8(b, p.K, b_rows, kGBK, kGBN);  // one 128-row half

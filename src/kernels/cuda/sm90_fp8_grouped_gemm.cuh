@@ -902,12 +902,7 @@ __global__ void __launch_bounds__(kGThreads, 1)
 // tile streams its n-blocks one after the other through the same ring, stage by stage (weights of
 // one n-block and K block, with that K block's token rows), into kNB accumulator pairs, and stores
 // kTN rows x kNB * 128 columns in one epilogue.
-// kFuse (GEMM1 of the small-batch chain, kNB = 2): the tile's two n-blocks are gate block nt and
-// up block nt (rows nt * 128 and I + nt * 128 of w13), so that the epilogue holds both halves of
-// h-columns [128 nt, 128 nt + 128) and applies the activation and the 1 x 128 quantisation of h
-// itself (gg_swap_fused_act_quant): the activation kernel between the GEMMs and y1 go away. The
-// whole K range sits in one scale chunk of 64 K blocks (K <= 8192).
-template <int kTN, int kNB = 1, bool kFuse = false>
+template <int kTN, int kNB = 1>
 struct SwapCfg {
   static constexpr int kStages = kTN == 64 ? 3 : 4;  // per warpgroup ring
   static constexpr int kWStage = kGBN * kGBK;        // 16 KB of weights
@@ -921,7 +916,7 @@ struct SwapCfg {
   // per warpgroup two scale buffers (this tile's, the next tile's), each one chunk of kScaleKb K
   // blocks: tokens [kb][kTN], then weights [n-block][kb]. With kNB > 1 the whole K range must fit
   // one chunk (the launcher's rule: K <= kScaleKb * 128).
-  static constexpr int kScaleKb = kFuse ? 64 : (kNB > 1 ? 8 : (kTN == 64 ? 32 : 64));
+  static constexpr int kScaleKb = kNB > 1 ? 8 : (kTN == 64 ? 32 : 64);
   static constexpr int kScaleOff = (kBarOff + 2 * 2 * kStages * 8 + kPrefBytes + 15) / 16 * 16;
   static constexpr int kScaleFloats = kScaleKb * (kTN + kNB);
   static constexpr int kScaleBytes = 2 * 2 * kScaleFloats * 4;
@@ -942,100 +937,7 @@ static_assert(SwapCfg<16, 4>::kSmemBytes + 2 * 2 * 16 * 8 <= 227 * 1024,
 static_assert(SwapCfg<16>::kStageBytes % 1024 == 0 && SwapCfg<32>::kStageBytes % 1024 == 0 &&
                   SwapCfg<64>::kStageBytes % 1024 == 0,
               "swapped tile: stages on 1024-byte boundaries (128-byte swizzle)");
-static_assert(SwapCfg<16, 2, true>::kSmemBytes + 2 * 2 * 16 * 8 <= 227 * 1024,
-              "swapped tile: shared memory");
 static_assert(SwapCfg<16, 1>::kEpiPitch == kGEpiPitch, "one n-block: the 128 tile's staging pitch");
-// The fused epilogue's f32 staging pitch: 132 floats (not 128) put the four lanes q of a row group
-// (tokens 2 q + c, same column) in different banks; 528 bytes keep rows 16-byte aligned.
-constexpr int kSwapHsPitch = kGBN + 4;
-static_assert(SwapCfg<16, 2, true>::kEpiPitch * 2 >= kSwapHsPitch * 4,
-              "fused swapped tile: a staged row holds 128 f32 values of h");
-static_assert((kSwapHsPitch * 4) % 16 == 0, "fused swapped tile: 16-byte aligned staged rows");
-
-// The weight n-block (128-row block of the expert's N rows) of n-block j of swapped tile nt.
-template <int kNB, bool kFuse>
-__device__ __forceinline__ int gg_swap_nblock(const GroupedGemmParams& p, int nt, int j) {
-  if constexpr (kFuse) return j == 0 ? nt : p.N / (2 * kGBN) + nt;  // gate block, up block
-  return nt * kNB + j;
-}
-
-// The fused epilogue of the swapped GEMM1 (kFuse): acc0[0] / acc1[0] hold gate columns and
-// acc0[1] / acc1[1] up columns wr, wr + 8 (acc0) and 64 + wr, 72 + wr (acc1) of h-columns
-// [128 nt, 128 nt + 128) for tokens 8 i + 2 q + c. h (the same operations and rounding points as
-// the unfused chain and as gg_fused_act_quant_epilogue: y1 = bf16(acc + bias), act, bf16 unless
-// act_h_f32) is staged as f32 [token][kSwapHsPitch] in hs; then 8 threads per token take 16 columns
-// each, reduce the group's amax over their 8 lanes, and store 16 bytes of q and (the first) the
-// scale.
-template <int kTN>
-__device__ __forceinline__ void gg_swap_fused_act_quant(const GroupedGemmParams& p, const GTile& g,
-                                                        const float (&acc0)[2][kTN / 2],
-                                                        const float (&acc1)[2][kTN / 2], float* hs,
-                                                        const int* dst_rows, int bar_id, int wtid,
-                                                        int wr, int q) {
-  const int I = p.N / 2;
-  const int hc0 = g.nt * kGBN;
-  float bg[4] = {0.0f, 0.0f, 0.0f, 0.0f}, bu[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-  if (p.bias) {
-#pragma unroll
-    for (int h = 0; h < 4; ++h) {  // h-columns wr, wr + 8, 64 + wr, 72 + wr
-      const int64_t bi = int64_t(g.e) * p.N + hc0 + 64 * (h >> 1) + wr + 8 * (h & 1);
-      if (p.bias_bf16) {
-        bg[h] = bf16_bits_to_float(static_cast<const uint16_t*>(p.bias)[bi]);
-        bu[h] = bf16_bits_to_float(static_cast<const uint16_t*>(p.bias)[bi + I]);
-      } else {
-        bg[h] = static_cast<const float*>(p.bias)[bi];
-        bu[h] = static_cast<const float*>(p.bias)[bi + I];
-      }
-    }
-  }
-#pragma unroll
-  for (int i = 0; i < kTN / 8; ++i)
-#pragma unroll
-    for (int c = 0; c < 2; ++c) {
-      const int tok = 8 * i + 2 * q + c;
-#pragma unroll
-      for (int h = 0; h < 4; ++h) {
-        const int a = 4 * i + 2 * (h & 1) + c;
-        const float gacc = h < 2 ? acc0[0][a] : acc1[0][a];
-        const float uacc = h < 2 ? acc0[1][a] : acc1[1][a];
-        const float gv = bf16_round(gacc + bg[h]);
-        const float uv = bf16_round(uacc + bu[h]);
-        float v = act_gated(p.act, gv, uv);
-        if (!p.act_h_f32) v = bf16_round(v);
-        hs[tok * kSwapHsPitch + 64 * (h >> 1) + wr + 8 * (h & 1)] = v;
-      }
-    }
-  gg_bar(bar_id, 128);
-  for (int i = wtid; i < kTN * 8; i += 128) {  // whole 8-lane groups (128 % 8 == 0)
-    const int tok = i >> 3, c16 = (i & 7) * 16;
-    float v[16];
-    float amax = 0.0f;
-#pragma unroll
-    for (int k = 0; k < 16; k += 4) {
-      const float4 x = *reinterpret_cast<const float4*>(hs + tok * kSwapHsPitch + c16 + k);
-      v[k] = x.x;
-      v[k + 1] = x.y;
-      v[k + 2] = x.z;
-      v[k + 3] = x.w;
-    }
-#pragma unroll
-    for (int k = 0; k < 16; ++k) amax = fmaxf(amax, fabsf(v[k]));
-    amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, 1));
-    amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, 2));
-    amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, 4));
-    const float s = group_scale(amax, p.q_ue8m0 != 0, p.q_min_scale);
-    const int dst = dst_rows[tok];
-    if (dst < 0) continue;
-    if ((i & 7) == 0) p.q_scale[int64_t(dst) * p.q_scale_stride + g.nt] = s;
-    uint32_t w[4];
-#pragma unroll
-    for (int k = 0; k < 4; ++k)
-      w[k] = uint32_t(float2_to_e4m3x2(v[4 * k] / s, v[4 * k + 1] / s)) |
-             (uint32_t(float2_to_e4m3x2(v[4 * k + 2] / s, v[4 * k + 3] / s)) << 16);
-    *reinterpret_cast<uint4*>(p.q_out + int64_t(dst) * p.q_stride + hc0 + c16) =
-        make_uint4(w[0], w[1], w[2], w[3]);
-  }
-}
 
 // 4-byte cp.async; src_bytes = 0 writes zero.
 __device__ __forceinline__ void gg_cp_async_4(void* smem, const void* gmem, int src_bytes) {
@@ -1055,13 +957,12 @@ __device__ __forceinline__ void gg_wgmma_tn(float (&d)[kTN / 2], uint64_t da, ui
     gg_wgmma_n64(d, da, db, scale_d);
 }
 
-template <int kTN, int kNB = 1, bool kFuse = false>
+template <int kTN, int kNB = 1>
 __global__ void __launch_bounds__(kGThreads, 1)
     grouped_gemm_swap_kernel(const __grid_constant__ GroupedGemmParams p,
                              const __grid_constant__ CUtensorMap tm_a,
                              const __grid_constant__ CUtensorMap tm_b) {
-  static_assert(!kFuse || kNB == 2, "the fused activation pairs one gate and one up n-block");
-  using C = SwapCfg<kTN, kNB, kFuse>;
+  using C = SwapCfg<kTN, kNB>;
   constexpr int kAcc = kTN / 2;
   constexpr int kS = C::kStages;
   extern __shared__ uint8_t gg_smem_raw[];
@@ -1117,7 +1018,7 @@ __global__ void __launch_bounds__(kGThreads, 1)
       for (int t = static_cast<int>(blockIdx.x) + w * grid; t < n_tiles; t += 2 * grid) {
         const GTile g = gg_tile<kTN>(p, pref, total_m, n_tiles_n, t);
         for (int j = 0; j < kNB; ++j) {
-          const int brow = g.e * p.N + gg_swap_nblock<kNB, kFuse>(p, g.nt, j) * kGBN;
+          const int brow = g.e * p.N + (g.nt * kNB + j) * kGBN;
           for (int kb = 0; kb < num_kb; ++kb, ++it) {
             const int s = it % kS;
             const uint32_t ph = (it / kS) & 1;
@@ -1160,8 +1061,7 @@ __global__ void __launch_bounds__(kGThreads, 1)
 #pragma unroll
     for (int j = 0; j < kNB; ++j) {
       const float* bs = p.b_scale + int64_t(g.e) * p.b_scale_e_stride +
-                        int64_t(gg_swap_nblock<kNB, kFuse>(p, g.nt, j)) * p.b_scale_n_stride +
-                        int64_t(kb) * p.b_scale_kb;
+                        int64_t(g.nt * kNB + j) * p.b_scale_n_stride + int64_t(kb) * p.b_scale_kb;
       for (int i = wtid; i < n; i += 128)
         gg_cp_async_4(buf + C::kScaleKb * kTN + j * C::kScaleKb + i, bs + int64_t(i) * p.b_scale_kb,
                       4);
@@ -1265,48 +1165,43 @@ __global__ void __launch_bounds__(kGThreads, 1)
       s_w[cw][wtid] = row_w;
     }
     gg_bar(bar_id, 128);
-    if constexpr (kFuse) {
-      gg_swap_fused_act_quant<kTN>(p, g, acc0, acc1, reinterpret_cast<float*>(my_out), s_dst[cw],
-                                   bar_id, wtid, wr, q);
-    } else {
 #pragma unroll
-      for (int j = 0; j < kNB; ++j) {
-        const int n0 = (g.nt * kNB + j) * kGBN;
-        float bias_v[4] = {0.0f, 0.0f, 0.0f, 0.0f};  // weight rows wr, wr + 8, 64 + wr, 72 + wr
-        if (p.bias) {
+    for (int j = 0; j < kNB; ++j) {
+      const int n0 = (g.nt * kNB + j) * kGBN;
+      float bias_v[4] = {0.0f, 0.0f, 0.0f, 0.0f};  // weight rows wr, wr + 8, 64 + wr, 72 + wr
+      if (p.bias) {
 #pragma unroll
-          for (int h = 0; h < 4; ++h) {
-            const int64_t bi = int64_t(g.e) * p.N + n0 + 64 * (h >> 1) + wr + 8 * (h & 1);
-            bias_v[h] = p.bias_bf16 ? bf16_bits_to_float(static_cast<const uint16_t*>(p.bias)[bi])
-                                    : static_cast<const float*>(p.bias)[bi];
+        for (int h = 0; h < 4; ++h) {
+          const int64_t bi = int64_t(g.e) * p.N + n0 + 64 * (h >> 1) + wr + 8 * (h & 1);
+          bias_v[h] = p.bias_bf16 ? bf16_bits_to_float(static_cast<const uint16_t*>(p.bias)[bi])
+                                  : static_cast<const float*>(p.bias)[bi];
+        }
+      }
+#pragma unroll
+      for (int i = 0; i < kTN / 8; ++i)
+#pragma unroll
+        for (int c = 0; c < 2; ++c) {
+          const int tok = 8 * i + 2 * q + c;
+          const float w = s_w[cw][tok];
+#pragma unroll
+          for (int h = 0; h < 2; ++h) {
+            my_out[tok * C::kEpiPitch + j * kGBN + wr + 8 * h] =
+                float_to_bf16_bits((acc0[j][4 * i + 2 * h + c] + bias_v[h]) * w);
+            my_out[tok * C::kEpiPitch + j * kGBN + 64 + wr + 8 * h] =
+                float_to_bf16_bits((acc1[j][4 * i + 2 * h + c] + bias_v[2 + h]) * w);
           }
         }
-#pragma unroll
-        for (int i = 0; i < kTN / 8; ++i)
-#pragma unroll
-          for (int c = 0; c < 2; ++c) {
-            const int tok = 8 * i + 2 * q + c;
-            const float w = s_w[cw][tok];
-#pragma unroll
-            for (int h = 0; h < 2; ++h) {
-              my_out[tok * C::kEpiPitch + j * kGBN + wr + 8 * h] =
-                  float_to_bf16_bits((acc0[j][4 * i + 2 * h + c] + bias_v[h]) * w);
-              my_out[tok * C::kEpiPitch + j * kGBN + 64 + wr + 8 * h] =
-                  float_to_bf16_bits((acc1[j][4 * i + 2 * h + c] + bias_v[2 + h]) * w);
-            }
-          }
-      }
-      gg_bar(bar_id, 128);
-      // kTN rows x kNB * 256 bytes: 16 * kNB lanes per row
-      const int n0 = g.nt * C::kCols;
-      for (int i = wtid; i < kTN * 16 * kNB; i += 128) {
-        const int r = i / (16 * kNB), c = i % (16 * kNB);
-        const int dst = s_dst[cw][r];
-        if (dst < 0) continue;
-        *reinterpret_cast<uint4*>(p.out + int64_t(dst) * p.out_stride + n0 + c * 8) =
-            *reinterpret_cast<const uint4*>(my_out + r * C::kEpiPitch + c * 8);
-      }
-    }  // kFuse
+    }
+    gg_bar(bar_id, 128);
+    // kTN rows x kNB * 256 bytes: 16 * kNB lanes per row
+    const int n0 = g.nt * C::kCols;
+    for (int i = wtid; i < kTN * 16 * kNB; i += 128) {
+      const int r = i / (16 * kNB), c = i % (16 * kNB);
+      const int dst = s_dst[cw][r];
+      if (dst < 0) continue;
+      *reinterpret_cast<uint4*>(p.out + int64_t(dst) * p.out_stride + n0 + c * 8) =
+          *reinterpret_cast<const uint4*>(my_out + r * C::kEpiPitch + c * 8);
+    }
   }
 }
 

@@ -76,8 +76,7 @@ struct GroupedGemmParams {
   int32_t out_scatter = 0;  // contiguous only: output row = sorted_ids[row] instead of row
   const float* row_weight = nullptr;  // contiguous only: times row_weight[sorted_ids[row]]
   // GEMM1 with the gated activation and the 1 x 128 quantisation of h fused into the epilogue
-  // (the 128-row kernel with the 256 tile, or the 16-token swapped kernel with K <= 8192; no
-  // scatter, no row weight): tile nt's two B halves (n-blocks) are the
+  // (128-row kernel with the 256 tile; no scatter, no row weight): tile nt's two B halves are the
   // gate rows [128 nt, 128 nt + 128) and the up rows [N/2 + 128 nt, ...) of the expert's packed
   // w13 (N = 2 I); y1 = bf16(acc + bias), h = act(gate, up) (rounded to bf16 unless act_h_f32),
   // then per row and 128 h-columns s = group_scale(amax), q = e4m3(h / s): the same operations as
@@ -145,7 +144,5 @@ int grouped_tile_m(double rows_per_expert);
 
 // Shared-memory bytes and threads of the kernel (for reports).
 int grouped_gemm_smem_bytes();
-// The SMs of the current device (the persistent grids' CTA count); 0 where no device answers.
-int grouped_sm_count();
 
 }  // namespace fp8moe::cuda

@@ -62,39 +62,6 @@ __device__ __forceinline__ uint2 quant8(const float (&v)[8], float s) {
   return pack8_e4m3([&](int i) { return v[i] / s; });
 }
 
-// One thread's 8 columns (c8) of token row t for the group quantisation into the sorted rows
-// (quant_group_scatter_kernel, moe_align_quant_kernel): the values times the row scale, and their
-// amax (0 when !ok; the caller's group reduction still runs in every lane).
-template <typename T>
-__device__ __forceinline__ float token_load8(const T* src, int64_t src_stride, const RowScale& rs,
-                                             int t, int c8, bool ok, float (&v)[8]) {
-  float amax = 0.0f;
-  if (ok) {
-    load8<T>(src + int64_t(t) * src_stride + c8 * 8, v);
-#pragma unroll
-    for (int i = 0; i < 8; ++i) {
-      v[i] = row_scale_apply(rs, v[i], t, sizeof(T) == 2);
-      amax = fmaxf(amax, fabsf(v[i]));
-    }
-  }
-  return amax;
-}
-
-// Those 8 columns' codes with the group's scale s, to the sorted row pos(k) (skipped when < 0) of
-// each of the token's topk pairs; the group's first thread (c8 % kTpg == 0) writes the scale.
-template <int kTpg, class Pos>
-__device__ __forceinline__ void scatter8(const float (&v)[8], float s, int topk, Pos pos, int c8,
-                                         uint8_t* q, int64_t q_stride, float* s_out,
-                                         int64_t s_stride) {
-  const uint2 qv = quant8(v, s);
-  for (int k = 0; k < topk; ++k) {
-    const int p = pos(k);
-    if (p < 0) continue;
-    *reinterpret_cast<uint2*>(q + int64_t(p) * q_stride + c8 * 8) = qv;
-    if ((c8 % kTpg) == 0) s_out[int64_t(p) * s_stride + c8 / kTpg] = s;
-  }
-}
-
 // Per-token-group quantisation; one thread per 8 elements, kGroup/8 threads per group.
 template <typename T, int kGroup>
 __global__ void __launch_bounds__(256)
@@ -144,12 +111,25 @@ __global__ void __launch_bounds__(256)
   const int c8 = static_cast<int>(idx % c8_per_row);
   const bool ok = t < M;  // uniform per group (cols is a multiple of the group)
   float v[8];
-  const float amax = group_max<kTpg>(token_load8<T>(src, src_stride, rs, t, c8, ok, v));
+  float amax = 0.0f;
+  if (ok) {
+    load8<T>(src + int64_t(t) * src_stride + c8 * 8, v);
+#pragma unroll
+    for (int i = 0; i < 8; ++i) {
+      v[i] = row_scale_apply(rs, v[i], t, sizeof(T) == 2);
+      amax = fmaxf(amax, fabsf(v[i]));
+    }
+  }
+  amax = group_max<kTpg>(amax);
   if (!ok) return;
   const float s = group_scale(amax, ue8m0 != 0, min_scale);
-  scatter8<kTpg>(
-      v, s, topk, [&](int k) { return pair_pos[int64_t(t) * topk + k]; }, c8, q, q_stride, s_out,
-      s_stride);
+  const uint2 qv = quant8(v, s);
+  for (int k = 0; k < topk; ++k) {
+    const int pos = pair_pos[int64_t(t) * topk + k];
+    if (pos < 0) continue;
+    *reinterpret_cast<uint2*>(q + int64_t(pos) * q_stride + c8 * 8) = qv;
+    if ((c8 % kTpg) == 0) s_out[int64_t(pos) * s_stride + c8 / kTpg] = s;
+  }
 }
 
 // Per-token dynamic quantisation: one block per row.

@@ -37,14 +37,13 @@ __device__ __forceinline__ int local_expert(int32_t gid, const int32_t* expert_m
 // the exclusive scan of the padded counts into off[E_local + 1] (shared), meta, expert_count,
 // expert_off, expert_blk, and the sentinel num_valid in sorted_ids[0, total). Called by all
 // kAlignThreads threads of one block; ends with a __syncthreads (off is complete after it).
-// write = false: off only (the other blocks of moe_align_quant_kernel, which align redundantly).
 __device__ __forceinline__ void align_tables(const int32_t* cnt, int32_t* off, int num_valid,
                                              int E_local, int bm, int capacity, int fixed_stride,
                                              int32_t* __restrict__ sorted_ids,
                                              int32_t* __restrict__ expert_blk,
                                              int32_t* __restrict__ meta,
                                              int32_t* __restrict__ expert_count,
-                                             int32_t* __restrict__ expert_off, bool write = true) {
+                                             int32_t* __restrict__ expert_off) {
   __shared__ int32_t warp_tot[kAlignThreads / 32];
   const int tid = threadIdx.x;
   // exclusive scan of padded counts; E_local <= 1024 = one value per thread
@@ -74,7 +73,6 @@ __device__ __forceinline__ void align_tables(const int32_t* cnt, int32_t* off, i
   if (tid < E_local) off[tid] = excl;
   if (tid == E_local - 1) off[E_local] = excl + v;
   __syncthreads();
-  if (!write) return;  // off is complete (the barrier above)
   const int total = off[E_local];
   if (tid == 0) meta[0] = total;
   for (int e = tid; e < E_local; e += blockDim.x) {
