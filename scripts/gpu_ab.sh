@@ -18,6 +18,9 @@
 #   e.g. --run-env 3 "FP8MOE_GROUPED_EPI=sync" "" "--path auto --m 2048,8192"
 #   ("" = the defaults; VARS are NAME=VALUE words put in the benchmark's environment), same
 #   alternating order, same ab.log / ab_summary.txt (AB_BENCH=grouped as above).
+# One build, two argument lists (e.g. the batch-invariant mode against auto):
+#   scripts/gpu_ab.sh --run-args ROUNDS "BASE ARGS" "NEW ARGS"
+#   e.g. --run-args 2 "--path auto --m 1,8,32" "--path auto --m 1,8,32 --batch-invariant"
 # Environment as for gpu_session.sh (FP8MOE_DEPS_PREFIX, FP8MOE_CUTLASS_INCLUDE); output in $OUT.
 # Each invocation starts ab.log afresh: keep a copy (e.g. tee the summary) before the next one.
 # (Run 14's call 5 ran these commands inline.)
@@ -38,9 +41,12 @@ case "${1:-}" in
     done
     find .ab_base -type f | sort
     ;;
-  --run | --run-env)
+  --run | --run-env | --run-args)
     mode=$1
     rounds=${2:-3}
+    env_base="" env_new="" args_new=""
+    # --run-args: $3 (the base arguments, read below as for --run) and $4
+    [ "$mode" = --run-args ] && args_new=${4?new arguments}
     if [ "$mode" = --run-env ]; then
       env_base=${3?base variables ("" for none)}
       env_new=${4?new variables ("" for none)}
@@ -59,23 +65,24 @@ case "${1:-}" in
     # 2 appended three comparisons to one log and the later summaries mixed their rounds)
     X=$OUT/ab.log
     : >"$X"
-    if [ "$mode" = --run-env ]; then
+    [ -n "$args_new" ] || args_new=$args
+    if [ "$mode" != --run ]; then
       [ -x build-gpu/bench/$target ] || { echo "no build-gpu/bench/$target (gpu_session.sh first)" | tee -a "$X"; exit 2; }
-      echo "base: env $env_base; new: env $env_new" | tee -a "$X"
+      echo "base: env $env_base args $args; new: env $env_new args $args_new" | tee -a "$X"
       for r in $(seq 1 "$rounds"); do
         order="base new"
         [ $((r % 2)) = 0 ] && order="new base"
         for v in $order; do
-          vars=$env_base
-          [ "$v" = new ] && vars=$env_new
+          vars=$env_base a=$args
+          [ "$v" = new ] && vars=$env_new a=$args_new
           echo "== $v round $r" >>"$X"
           if [ $target = bench_cuda_grouped ]; then
             # shellcheck disable=SC2086
-            timeout 200 env $vars build-gpu/bench/$target $args 2>&1 |
+            timeout 200 env $vars build-gpu/bench/$target $a 2>&1 |
               awk '$2 ~ /^gemm[12]$/ && $4 ~ /^[0-9]+$/ {print $1"_"$2, $4, $3, $5}' >>"$X"
           else
             # shellcheck disable=SC2086
-            timeout 120 env $vars build-gpu/bench/$target $args 2>&1 | grep -A80 "== summary" |
+            timeout 120 env $vars build-gpu/bench/$target $a 2>&1 | grep -A80 "== summary" |
               grep -E "single|grouped|stream|wgmma|generic" >>"$X"
           fi
         done
@@ -125,7 +132,8 @@ case "${1:-}" in
     ;;
   *)
     echo "usage: $0 --prepare BASE_REF | --run [ROUNDS] [\"BENCH ARGS\"] |"
-    echo "       $0 --run-env ROUNDS \"BASE VARS\" \"NEW VARS\" [\"BENCH ARGS\"]"
+    echo "       $0 --run-env ROUNDS \"BASE VARS\" \"NEW VARS\" [\"BENCH ARGS\"] |"
+    echo "       $0 --run-args ROUNDS \"BASE ARGS\" \"NEW ARGS\""
     exit 2
     ;;
 esac

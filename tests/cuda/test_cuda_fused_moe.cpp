@@ -814,7 +814,9 @@ TEST(CudaAutoThresholds, EveryRegionAgreesWithTheReference) {  // pitfall 31
   // and 128-row m-blocks (variables that change the rules change the regions)
   for (const char* v : {"FP8MOE_GROUPED_TILE_M", "FP8MOE_GROUPED_SWAP", "FP8MOE_CUDA_TUNING"})
     if (std::getenv(v) && *std::getenv(v)) return;
-  if (cuda::device_capability() == 90) EXPECT_GE(regions.size(), 5u) << all;
+  if (cuda::device_capability() == 90) {
+    EXPECT_GE(regions.size(), 5u) << all;
+  }
 }
 
 TEST(CudaFusedMoe, DeterministicAcrossRuns) {  // pitfall 35 (run to run only)
@@ -832,11 +834,13 @@ TEST(CudaFusedMoe, DeterministicAcrossRuns) {  // pitfall 35 (run to run only)
 }
 
 // Pitfall 35 on the GPU: with FusedMoeArgs::batch_invariant (VLLM_BATCH_INVARIANT), a token's
-// output is the same bits whatever batch it arrives in: the prefixes of 1, 4, 16 and 64 tokens of
-// the batch, and the batch reversed, routed in the kernel. Block FP8 runs the grouped path
-// with 128-row m-blocks at every M; refined 64x64 blocks (the grouped path declines them) the
-// generic path. Without the flag auto picks the single path at M = 1 and swapped grouped kernels
-// at small M, whose partial sums are added in other orders: printed, not asserted.
+// output is the same bits whatever batch it arrives in: the prefixes of 1, 4, 16, 64, 128 and 256
+// tokens of the batch (those shorter than it), and the batch reversed, routed in the kernel. Block
+// FP8 runs the grouped path at every M, whose m-block follows the rows per expert (16 / 32 / 64
+// swapped, 128 rows with the 256- and the 128-wide tile: the 600-token case walks all of them),
+// which relies on every tile giving a row the same bits (CudaGroupedGemmTileInvariance); refined
+// 64x64 blocks (the grouped path declines them) the generic path. Without the flag auto picks the
+// single path at M = 1, whose partial sums are added in another order: printed, not asserted.
 TEST(CudaBatchInvariance, TokenOutputsDoNotDependOnTheBatch) {
   SKIP_WITHOUT_GPU();
   struct Case {
@@ -867,6 +871,13 @@ TEST(CudaBatchInvariance, TokenOutputsDoNotDependOnTheBatch) {
     s.routing_config.method = RoutingMethodType::kRenormalize;
     cases.push_back({"E512_warp_routing", s, Path::kGrouped});
   }
+  {  // 16 experts, top-4, 600 tokens: 150 rows per expert (128-row m-blocks; GEMM1 N = 512 on the
+     // 256-wide tile, GEMM2 N = 384 on the 128-wide one); the prefixes 16, 32 and 64 rows per
+     // expert (the swapped kernels) and fewer
+    MoeTestSpec s = base_stat(600, 16, 384, 256, 4, 38);
+    s.routing_config.method = RoutingMethodType::kRenormalize;
+    cases.push_back({"E16_every_m_block", s, Path::kGrouped});
+  }
   for (const Case& c : cases) {
     SCOPED_TRACE(c.name);
     const MoeTestProblem p = testing::make_problem(c.spec);
@@ -876,7 +887,9 @@ TEST(CudaBatchInvariance, TokenOutputsDoNotDependOnTheBatch) {
       MoeTestProblem d = p.to(Device::cuda());
       FusedMoeArgs a = d.args();
       a.batch_invariant = true;
-      if (cuda::device_capability() == 90) EXPECT_EQ(cuda::choose_path(a), c.path);
+      if (cuda::device_capability() == 90) {
+        EXPECT_EQ(cuda::choose_path(a), c.path);
+      }
       const std::string how = cuda::fused_impl().describe_call(a);
       EXPECT_NE(how.find("batch invariant"), std::string::npos) << how;
     }
@@ -893,9 +906,13 @@ TEST(CudaBatchInvariance, TokenOutputsDoNotDependOnTheBatch) {
         const auto cmp = testing::compare_bitwise(r.out_host, want);
         ++compared;
         if (!cmp.ok) ++differing;
-        if (invariant) EXPECT_TRUE(cmp.ok) << what << " of " << idx.size() << ": " << cmp.str();
+        if (invariant) {
+          EXPECT_TRUE(cmp.ok) << what << " of " << idx.size() << ": " << cmp.str();
+        }
       };
-      for (const int64_t n : {int64_t{1}, int64_t{4}, int64_t{16}, int64_t{64}}) {
+      for (const int64_t n :
+           {int64_t{1}, int64_t{4}, int64_t{16}, int64_t{64}, int64_t{128}, int64_t{256}}) {
+        if (n >= M) continue;
         std::vector<int64_t> idx(static_cast<std::size_t>(n));
         for (int64_t t = 0; t < n; ++t) idx[static_cast<std::size_t>(t)] = t;
         check(idx, "prefix");

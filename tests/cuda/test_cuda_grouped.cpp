@@ -22,6 +22,7 @@
 #include <random>
 #include <string>
 #include <tuple>
+#include <utility>
 #include <vector>
 
 #include "common/moe_testing.hpp"
@@ -371,6 +372,141 @@ INSTANTIATE_TEST_SUITE_P(TileM, CudaGroupedGemm,
                                            GemmTile{64, 0, -1, 0, 2}),
                          [](const auto& info) { return tile_name(info.param); });
 
+// Batch invariance of the grouped GEMMs (VLLM_BATCH_INVARIANT, pitfall 35): the batch size picks
+// the m-block (16 / 32 / 64 swapped operands, 128 rows with a 128- or 256-wide tile) and the
+// n-blocks per swapped tile, so a token's row may run on any of those kernels. They issue the same
+// K32 wgmma steps in the same K order (weights as A and tokens as B in the swapped kernels, the
+// other way round in the 128-row ones) and promote each 128-deep partial with the same fmaf(part,
+// sa * sb, acc); whether the tensor core's fp32 sum of one k32 step is the same bits with the
+// operands swapped is not documented, so this checks it on data that is not exact: codes from a
+// normal distribution, scales that are not powers of two, a bias, row weights, K from 1 to 56
+// blocks (the DeepSeek GEMM1), uneven experts. Every variant must give every stored row the bits
+// the 128 x 128 kernel gives it (and those must be within a bf16-level tolerance of a float64
+// GEMM, so that the comparison is of real results). The batch-invariant layer relies on it.
+TEST(CudaGroupedGemmTileInvariance, EveryTileGivesARowTheSameBits) {
+  SKIP_WITHOUT_SM90();
+  std::mt19937 rng(35035);
+  std::normal_distribution<float> nd(0.0f, 1.0f);
+  std::uniform_real_distribution<float> ud(0.5f, 2.0f);
+  const int E = 7;
+  const int counts[E] = {1, 0, 17, 33, 70, 130, 5};
+  int num_valid = 0;
+  for (int e = 0; e < E; ++e) num_valid += counts[e];
+  const std::vector<GemmTile> tiles = {GemmTile{128, 128},        GemmTile{128, 256, 0},
+                                       GemmTile{128, 256, 1},     GemmTile{16, 0, -1, 0, 1},
+                                       GemmTile{16, 0, -1, 0, 2}, GemmTile{16, 0, -1, 0, 4},
+                                       GemmTile{32, 0, -1, 0, 1}, GemmTile{32, 0, -1, 0, 2},
+                                       GemmTile{64, 0, -1, 0, 1}, GemmTile{64, 0, -1, 0, 2}};
+  for (const auto& [N, K] : {std::pair{512, 128}, std::pair{512, 256}, std::pair{768, 384},
+                             std::pair{1024, 512}, std::pair{512, 2048}, std::pair{512, 7168}}) {
+    SCOPED_TRACE("N " + std::to_string(N) + ", K " + std::to_string(K));
+    const int nkb = K / 128, nnb = N / 128;
+    HostGemm g{E, N, K, {}, {}, {}};
+    g.b.resize(size_t(E) * N * K);
+    for (auto& c : g.b) c = numerics::float_to_e4m3fn(nd(rng) * 32.0f);
+    g.b_scale.resize(size_t(E) * nnb * nkb);
+    for (auto& s : g.b_scale) s = ud(rng) * 1e-3f;
+    g.bias.resize(size_t(E) * N);
+    for (auto& x : g.bias) x = nd(rng) * 0.1f;
+    // the tokens' rows by valid id (each tile's layout places them at its own positions)
+    std::vector<uint8_t> a_id(size_t(num_valid) * K);
+    for (auto& c : a_id) c = numerics::float_to_e4m3fn(nd(rng) * 48.0f);
+    std::vector<float> as_id(size_t(num_valid) * nkb);
+    for (auto& s : as_id) s = ud(rng) * 1e-2f;
+    std::vector<float> rw(num_valid);
+    for (auto& w : rw) w = ud(rng) * 0.25f;
+    std::vector<int> id_expert;
+    for (int e = 0; e < E; ++e)
+      for (int r = 0; r < counts[e]; ++r) id_expert.push_back(e);
+    std::vector<uint16_t> first;
+    for (const GemmTile& tile : tiles) {
+      SCOPED_TRACE(tile_name(tile));
+      const int tm = tile.tm;
+      std::vector<int32_t> sorted, blk;
+      int next = 0;
+      for (int e = 0; e < E; ++e) {
+        const int padded = (counts[e] + tm - 1) / tm * tm;
+        for (int b = 0; b < padded / tm; ++b) blk.push_back(e);
+        for (int r = 0; r < padded; ++r) sorted.push_back(r < counts[e] ? next++ : num_valid);
+      }
+      const int64_t rows = static_cast<int64_t>(sorted.size());
+      std::vector<uint8_t> a(size_t(rows) * K, 0);
+      std::vector<float> as(size_t(rows) * nkb, 1.0f);
+      for (int64_t pos = 0; pos < rows; ++pos) {
+        const int id = sorted[pos];
+        if (id >= num_valid) continue;
+        std::memcpy(&a[pos * K], &a_id[size_t(id) * K], K);
+        std::memcpy(&as[pos * nkb], &as_id[size_t(id) * nkb], nkb * sizeof(float));
+      }
+      const Tensor dsorted = to_device(sorted, DType::kI32), dblk = to_device(blk, DType::kI32);
+      const Tensor dmeta =
+          to_device(std::vector<int32_t>{static_cast<int32_t>(rows), 0, 0, 0}, DType::kI32);
+      const Tensor drw = to_device(rw, DType::kF32);
+      cuda::GroupedGemmParams p;
+      set_tile(p, tile);
+      p.N = N;
+      p.K = K;
+      p.a_rows = rows;
+      p.expert_blk = static_cast<const int32_t*>(dblk.data());
+      p.num_rows_ptr = static_cast<const int32_t*>(dmeta.data());
+      p.sorted_ids = static_cast<const int32_t*>(dsorted.data());
+      p.num_valid = num_valid;
+      p.out_stride = N;
+      p.out_scatter = 1;
+      p.row_weight = static_cast<const float*>(drw.data());
+      const GemmRun r = run_gemm(p, g, a, as, num_valid, rows / tm);
+      EXPECT_TRUE(r.canaries);
+      if (first.empty()) {
+        // the first variant against float64: a real result, not poison or zeros (error within
+        // 1% of the value plus 0.5% of the outputs' rms: bf16 rounding is <= 0.4%, and the tensor
+        // core's narrower accumulation shows where a sum cancels: the card gave 1.27e-3 for a
+        // float64 1.46e-3 with 0.1% of the rms allowed, rms ~0.16 by the data's construction)
+        std::vector<float> fa(a_id.size()), fb(g.b.size());
+        for (size_t i = 0; i < fa.size(); ++i) fa[i] = numerics::e4m3fn_to_float(a_id[i]);
+        for (size_t i = 0; i < fb.size(); ++i) fb[i] = numerics::e4m3fn_to_float(g.b[i]);
+        std::vector<double> want(r.out.size());
+        double ss = 0.0;
+        for (int id = 0; id < num_valid; ++id)
+          for (int n = 0; n < N; ++n) {
+            const int e = id_expert[id];
+            const float* ar = &fa[size_t(id) * K];
+            const float* br = &fb[(size_t(e) * N + n) * K];
+            double acc = 0.0;
+            for (int kb = 0; kb < nkb; ++kb) {
+              double part = 0.0;
+              for (int k = kb * 128; k < kb * 128 + 128; ++k) part += double(ar[k]) * br[k];
+              acc += part * as_id[size_t(id) * nkb + kb] *
+                     g.b_scale[(size_t(e) * nnb + n / 128) * nkb + kb];
+            }
+            const double w = (acc + g.bias[size_t(e) * N + n]) * rw[id];
+            want[size_t(id) * N + n] = w;
+            ss += w * w;
+          }
+        const double rms = std::sqrt(ss / double(want.size()));
+        int64_t off = 0, nonzero = 0;
+        for (size_t i = 0; i < want.size(); ++i) {
+          const double got = numerics::bf16_to_float(r.out[i]);
+          nonzero += got != 0.0;
+          if (!(std::abs(got - want[i]) <= 0.01 * std::abs(want[i]) + 5e-3 * rms) && off++ < 5)
+            ADD_FAILURE() << "id " << i / N << " n " << i % N << ": " << got << " against float64 "
+                          << want[i] << " (the 128 x 128 kernel; rms " << rms << ")";
+        }
+        EXPECT_EQ(off, 0);
+        EXPECT_GT(rms, 0.01);
+        EXPECT_GT(nonzero, int64_t(want.size()) * 9 / 10);
+        first = r.out;
+        continue;
+      }
+      int64_t bad = 0;
+      for (size_t i = 0; i < first.size(); ++i)
+        if (r.out[i] != first[i] && bad++ < 5)
+          ADD_FAILURE() << "id " << i / N << " n " << i % N << ": 0x" << std::hex << r.out[i]
+                        << " against the 128 x 128 kernel's 0x" << first[i];
+      EXPECT_EQ(bad, 0) << "of " << first.size() << " outputs";
+    }
+  }
+}
+
 // Long and short K: the swapped kernels copy the tile's scales to shared memory in chunks of 64 K
 // blocks (32 with 64-token tiles; 8 with several n-blocks per tile, which K = 1024 fills and longer
 // K turns off; the first chunk of the next tile while the current one runs, in
@@ -466,12 +602,12 @@ TEST(CudaGroupedGemmLongK, MoreThan128KBlocksExactBitwise) {
 }
 
 // GEMM1 with the fused activation + 1x128 quantisation epilogue (fuse_act: the 256 tile with
-// paired gate/up halves; opt-in FP8MOE_GROUPED_FUSE_ACT), and launch_act_quant (the grouped chain's activation + quantisation in
-// one kernel) on GEMM1's bf16 output, against the two-kernel chain on the same device (GEMM1 with
-// bf16 output, launch_activation, launch_quant): q and the group scales must be bitwise equal, on
-// random non-exact data, for several activations, the fused SiLU+quant semantics (h in f32, scale
-// floor), UE8M0 scales and bias; contiguous with padding rows and masked with empty / partial
-// experts.
+// paired gate/up halves; opt-in FP8MOE_GROUPED_FUSE_ACT), and launch_act_quant (the grouped chain's
+// activation + quantisation in one kernel) on GEMM1's bf16 output, against the two-kernel chain on
+// the same device (GEMM1 with bf16 output, launch_activation, launch_quant): q and the group scales
+// must be bitwise equal, on random non-exact data, for several activations, the fused SiLU+quant
+// semantics (h in f32, scale floor), UE8M0 scales and bias; contiguous with padding rows and masked
+// with empty / partial experts.
 struct FuseCase {
   std::string name;
   cuda::Act act;

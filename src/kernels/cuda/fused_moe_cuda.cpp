@@ -158,17 +158,18 @@ Path choose(const MoeProblem& p, std::string* why = nullptr, int* swap_nb = null
           "one configuration at every M";
     return forced;
   }
-  // VLLM_BATCH_INVARIANT: the same configuration at every M (vLLM's Triton runs its default
-  // config then, no tuned one). The single, stream and wgmma paths add a token's partial sums in
-  // another order than the grouped GEMMs, so a token's bits would change with the batch size that
-  // picks the path; the grouped path pins its m-block (128 rows: grouped_moe_cuda.cpp), and where
-  // it declines, the generic path's tiles never depend on M.
+  // VLLM_BATCH_INVARIANT: a token's bits must not depend on the batch (vLLM's Triton runs its
+  // default config then, no tuned one). The single, stream and wgmma paths add a token's partial
+  // sums in another order than the grouped GEMMs, so a token's bits would change with the batch
+  // size that picks the path: the grouped path runs at every M (its m-blocks and tile widths give
+  // a row the same bits, so they may follow M: grouped_moe_cuda.cpp tile_m_for), and where it
+  // declines, the generic path, whose tiles never depend on M.
   if (p.batch_invariant) {
     const std::string gw = grouped_path_limit(p);
     if (why)
       *why = gw.empty() ? std::string(
                               "batch invariant (VLLM_BATCH_INVARIANT): the grouped path at "
-                              "every M, 128-row m-blocks")
+                              "every M (its m-blocks give a row the same bits)")
                         : "batch invariant (VLLM_BATCH_INVARIANT): the generic path at every M "
                           "(grouped: " +
                               gw + ")";

@@ -28,10 +28,13 @@ constexpr int64_t kBM = 128;  // the grouped GEMM's M tile = DeepGEMM's M alignm
 // The m-block of the grouped GEMMs for this many rows per expert: the swapped-operand kernel
 // (16/32/64) at <= 64 rows (80-93% of HBM read bandwidth at 16 rows per expert on the H200, against
 // 57-72% with 128-row padding; docs/PERFORMANCE.md), else 128. FP8MOE_GROUPED_TILE_M = 16, 32, 64
-// or 128 forces one; FP8MOE_GROUPED_SWAP=0 turns the swapped kernel off. batch_invariant
-// (FusedMoeArgs, VLLM_BATCH_INVARIANT): 128 at every M unless forced, so a token's rows go through
-// the same kernel (the same wgmma shape, K order and promotion) whatever the batch size.
-int64_t tile_m_for(double rows_per_expert, bool batch_invariant = false) {
+// or 128 forces one; FP8MOE_GROUPED_SWAP=0 turns the swapped kernel off. The batch-invariant mode
+// (FusedMoeArgs::batch_invariant, VLLM_BATCH_INVARIANT) uses the same rule: every m-block and tile
+// width gives a row the same bits (the same k32 wgmma steps in the same K order, the same fmaf
+// promotion per 128-deep block; test CudaGroupedGemmTileInvariance on the card, PERFORMANCE.md
+// grouped run 13), so the m-block may follow M. Until session 29 it pinned 128 rows, which cost
+// 1.3-2.7x at M = 1-32 (grouped run 12).
+int64_t tile_m_for(double rows_per_expert) {
   static const int forced = [] {
     const char* v = std::getenv("FP8MOE_GROUPED_TILE_M");
     if (!v || !*v) return 0;
@@ -45,7 +48,6 @@ int64_t tile_m_for(double rows_per_expert, bool batch_invariant = false) {
     return !(v && v[0] == '0');
   }();
   if (forced) return forced;
-  if (batch_invariant) return 128;
   return swap ? grouped_tile_m(rows_per_expert) : 128;
 }
 
@@ -187,7 +189,6 @@ QuantSpec group_quant(const MoeProblem& p, bool second, unsigned* amax) {
 }
 
 // ---- contiguous ("cuda_grouped") ---------------------------------------------------------------
-
 
 int64_t chunk_of(const MoeProblem& p) { return std::min<int64_t>(p.M, kGroupedChunkTokens); }
 
@@ -333,13 +334,12 @@ std::string grouped_problem_plan(const MoeProblem& p) {
   if (p.M == 0) return "no tokens: nothing runs";
   const int64_t m = chunk_of(p);
   const double rpe = double(m * p.topk) / double(p.E);
-  const int64_t bm = tile_m_for(rpe, p.batch_invariant);
+  const int64_t bm = tile_m_for(rpe);
   const bool fuse = fuse_act_wanted(p, bm);
   std::string s = fmt::format("{:.1f} rows per expert{}; ", rpe,
                               m < p.M ? fmt::format(" (chunks of {} tokens)", m) : std::string());
   s += bm < 128 ? fmt::format("{}-token m-blocks (swapped operands: no 128-row padding)", bm)
-                : std::string(p.batch_invariant ? "128-row m-blocks at every M (batch invariant)"
-                                                : "128-row m-blocks");
+                : std::string("128-row m-blocks");
   s += p.route_in_kernel ? "; routing kernel" : "; routing given";
   s += "; alignment, then x quantised into the sorted rows";
   s += "; " + gemm_plan("GEMM1", p, bm, p.N1, p.H, fuse);
@@ -358,7 +358,7 @@ void run_grouped_problem(const MoeProblem& p, void* workspace) {
   const size_t logit_bytes = p.rp.logits_bf16 ? 2 : 4;
   for (int64_t c0 = 0; c0 < p.M; c0 += C) {
     const int64_t m = std::min(C, p.M - c0);
-    const int64_t bm = tile_m_for(double(m * p.topk) / double(p.E), p.batch_invariant);
+    const int64_t bm = tile_m_for(double(m * p.topk) / double(p.E));
     const Workspace L = workspace_layout(p, m, bm, false, true, keeps_h(p));
     run_contiguous_chunk(
         p, static_cast<const uint8_t*>(p.x) + c0 * p.H * 2,

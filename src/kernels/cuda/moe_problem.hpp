@@ -24,8 +24,8 @@ struct MoeProblem {
   bool gated = true;
   bool router_on_input = false;
   bool route_in_kernel = false;
-  // FusedMoeArgs::batch_invariant: one configuration at every M (the path and the grouped GEMMs'
-  // m-block are not chosen by M; no tuned table)
+  // FusedMoeArgs::batch_invariant: a token's bits do not depend on M (the grouped path, or the
+  // generic one, at every M; no tuned table)
   bool batch_invariant = false;
   const void* x = nullptr;
   void* out = nullptr;
