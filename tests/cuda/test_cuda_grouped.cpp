@@ -1170,6 +1170,154 @@ TEST(CudaGrouped, GraphCaptureAndDeterminism) {
   cudaStreamDestroy(st);
 }
 
+// The top-k sum fused into GEMM2 (GroupedGemmParams::sum_out, opt-in FP8MOE_GROUPED_FUSED_SUM):
+// the layer's output must be the bits of GEMM2 + launch_moe_sum (the same float operations in the
+// same slot order) on cases with 128-row m-blocks and the 256-wide GEMM2 tile: uneven experts,
+// several n-tiles, top-8, expert parallelism (tokens whose slots are all on other ranks get zeros),
+// padded slots, a router weight on the input; graph replay and run to run with it on; a shape whose
+// GEMM2 is not on the 256 tile (H = 384) keeps the sum kernel. The default rule is the caller's
+// (the variable); the override pins it per run.
+struct FusedSumGuard {
+  ~FusedSumGuard() { cuda::set_grouped_fused_sum_override(-1); }
+};
+
+TEST(CudaGroupedFusedSum, BitwiseEqualToTheSumKernel) {
+  SKIP_WITHOUT_SM90();
+  FusedSumGuard guard;
+  struct Case {
+    const char* name;
+    MoeTestSpec spec;
+    bool fused;  // whether the rule takes it
+  };
+  std::vector<Case> cases;
+  {
+    MoeTestSpec s = spec_of(MoeTestMode::kStatistical, 600, 16, 512, 256, 4, 41);
+    s.routing = RoutingPattern::kLogits;
+    s.routing_config.method = RoutingMethodType::kRenormalize;
+    cases.push_back({"E16_top4_150_rows", s, true});
+  }
+  {
+    MoeTestSpec s = spec_of(MoeTestMode::kStatistical, 1100, 32, 1024, 256, 8, 42);
+    s.routing = RoutingPattern::kLogits;
+    s.routing_config.method = RoutingMethodType::kRenormalize;
+    cases.push_back({"E32_top8_4_n_tiles", s, true});
+  }
+  {
+    MoeTestSpec s = spec_of(MoeTestMode::kStatistical, 700, 16, 512, 256, 2, 43);
+    s.ep_size = 4;
+    s.ep_rank = 2;
+    cases.push_back({"ep4_rank2", s, true});
+  }
+  {
+    MoeTestSpec s = spec_of(MoeTestMode::kStatistical, 600, 8, 512, 256, 2, 44);
+    s.padded_slots = 37;
+    cases.push_back({"padded_slots", s, true});
+  }
+  {
+    MoeTestSpec s = spec_of(MoeTestMode::kStatistical, 600, 8, 512, 256, 1, 45);
+    s.apply_router_weight_on_input = true;
+    cases.push_back({"router_weight_on_input", s, true});
+  }
+  {
+    MoeTestSpec s = spec_of(MoeTestMode::kExact, 600, 8, 512, 256, 2, 46);
+    cases.push_back({"exact", s, true});
+  }
+  cases.push_back({"H384_keeps_the_sum_kernel",
+                   spec_of(MoeTestMode::kStatistical, 600, 8, 384, 256, 2, 47), false});
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.name);
+    const MoeTestProblem p = testing::make_problem(c.spec);
+    {
+      MoeTestProblem d = p.to(Device::cuda());
+      const cuda::MoeProblem mp = cuda::make_problem(d.args());
+      cuda::set_grouped_fused_sum_override(1);
+      const double rpe = double(mp.M * mp.topk) / double(mp.E);
+      ASSERT_GT(rpe, 64.0) << "the case must reach the 128-row m-blocks";
+      EXPECT_EQ(cuda::grouped_fused_sum_wanted(mp, 128), c.fused);
+      const std::string plan = cuda::grouped_problem_plan(mp);
+      EXPECT_EQ(plan.find("top-k sum in its epilogue") != std::string::npos, c.fused) << plan;
+    }
+    cuda::set_grouped_fused_sum_override(0);
+    const RunResult base = run_on_device(cuda::grouped_impl(), p);
+    ASSERT_TRUE(base.all_written) << base.write_message;
+    cuda::set_grouped_fused_sum_override(1);
+    for (int rep = 0; rep < 2; ++rep) {
+      const RunResult f = run_on_device(cuda::grouped_impl(), p);
+      EXPECT_TRUE(f.canaries_ok);
+      EXPECT_TRUE(f.all_written) << f.write_message;
+      const auto cmp = testing::compare_bitwise(f.out_host, base.out_host);
+      EXPECT_TRUE(cmp.ok) << "run " << rep << ": " << cmp.str();
+    }
+    if (c.spec.ep_size > 1) {  // some tokens have no local slot: their rows are zeros
+      const Tensor& o = base.out_host;
+      int64_t zero_rows = 0;
+      for (int64_t t = 0; t < o.size(0); ++t) {
+        bool z = true;
+        for (int64_t h = 0; h < o.size(1) && z; ++h) z = o.ptr<uint16_t>()[t * o.size(1) + h] == 0;
+        zero_rows += z;
+      }
+      EXPECT_GT(zero_rows, 0) << "the EP case should have tokens without a local slot";
+    }
+  }
+  // graph capture and replay with the fused sum (the counters are zeroed inside the chain)
+  {
+    const MoeTestProblem p = testing::make_problem(cases[1].spec);
+    MoeTestProblem d = p.to(Device::cuda());
+    cuda::set_grouped_fused_sum_override(1);
+    const ExpertsImpl& impl = cuda::grouped_impl();
+    FusedMoeArgs args = d.args();
+    cudaStream_t st;
+    ASSERT_EQ(cudaStreamCreate(&st), cudaSuccess);
+    args.stream = st;
+    const std::size_t bytes = impl.workspace_size(args);
+    Tensor ws = Tensor::empty({static_cast<int64_t>(bytes)}, DType::kU8, Device::cuda());
+    impl.run(args, ws.data());
+    ASSERT_EQ(cudaStreamSynchronize(st), cudaSuccess);
+    const Tensor direct = d.out.to(Device::cpu());
+    cudaGraph_t graph;
+    ASSERT_EQ(cudaStreamBeginCapture(st, cudaStreamCaptureModeThreadLocal), cudaSuccess);
+    impl.run(args, ws.data());
+    ASSERT_EQ(cudaStreamEndCapture(st, &graph), cudaSuccess);
+    cudaGraphExec_t exec;
+    ASSERT_EQ(cudaGraphInstantiate(&exec, graph, 0), cudaSuccess);
+    for (int rep = 0; rep < 3; ++rep) {
+      testing::poison(d.out.view());
+      ASSERT_EQ(cudaGraphLaunch(exec, st), cudaSuccess);
+      ASSERT_EQ(cudaStreamSynchronize(st), cudaSuccess);
+      const auto cmp = testing::compare_bitwise(d.out.to(Device::cpu()), direct);
+      EXPECT_TRUE(cmp.ok) << "replay " << rep << ": " << cmp.str();
+    }
+    cudaGraphExecDestroy(exec);
+    cudaGraphDestroy(graph);
+    cudaStreamDestroy(st);
+  }
+  // the launcher refuses a sum it would not run (another tile, the async epilogue, no counters)
+  cuda::GroupedGemmParams g;
+  g.tile_m = 128;
+  g.N = 512;
+  g.K = 256;
+  g.out_scatter = 1;
+  g.out_stride = 512;
+  g.sum_out = reinterpret_cast<uint16_t*>(uintptr_t{256});
+  g.sum_ids = reinterpret_cast<const int32_t*>(uintptr_t{256});
+  g.sum_topk = 2;
+  g.tile_n = 256;
+  g.epi_async = 0;
+  g.mcast = 0;
+  EXPECT_THROW(cuda::launch_grouped_gemm(g, nullptr, nullptr, 1024, 1, nullptr), ValueError)
+      << "no counters";
+  g.sum_cnt = reinterpret_cast<int32_t*>(uintptr_t{256});
+  for (const int what : {0, 1, 2, 3}) {
+    cuda::GroupedGemmParams b = g;
+    if (what == 0) b.tile_n = 128;
+    if (what == 1) b.epi_async = 1;
+    if (what == 2) b.tile_m = 16;
+    if (what == 3) b.out_scatter = 0;
+    EXPECT_THROW(cuda::launch_grouped_gemm(b, nullptr, nullptr, 1024, 1, nullptr), ValueError)
+        << what;
+  }
+}
+
 TEST(CudaGrouped, ZeroTokensAndAllExpertsRemote) {
   SKIP_WITHOUT_SM90();
   {

@@ -8,6 +8,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
@@ -66,6 +67,8 @@ bool fuse_act_wanted(const MoeProblem& p, int64_t bm) {
   }();
   return p.aq2 == AQuant::kGroupDynamic && bm == 128 && env128;
 }
+
+std::atomic<int> g_fused_sum_override{-1};
 
 // Between the GEMMs (unless GEMM1's epilogue fused it): the activation of y1 (rows, 2 I) and the
 // 1 x 128 quantisation of h into qh / sh in one kernel (launch_act_quant: h is never written;
@@ -270,6 +273,7 @@ void run_contiguous_chunk(const MoeProblem& p, const void* x, void* out, const v
     act_then_quant(p, y1, RowSet{al.sorted_ids, al.meta, static_cast<int32_t>(L.capacity), pairs},
                    amax, qh, sh, ws + L.h, st);
   void* y2 = ws + L.y2;
+  const bool fsum = grouped_fused_sum_wanted(p, bm);
   {
     GroupedGemmParams g = gemm_params(p, p.w2, p.H, p.I, L.capacity, sh, p.aq2);
     g.tile_m = static_cast<int32_t>(bm);
@@ -281,12 +285,31 @@ void run_contiguous_chunk(const MoeProblem& p, const void* x, void* out, const v
     g.out_stride = p.H;
     g.out_scatter = 1;  // unpermute: row = (token, slot)
     g.row_weight = p.router_on_input ? nullptr : tw;
+    if (fsum) {  // the top-k sum in GEMM2's epilogue, tiles n-tile-major
+                 // (sm90_fp8_grouped_gemm.hpp)
+      int32_t* cnt = reinterpret_cast<int32_t*>(ws + L.sumc);
+      launch_fused_sum_prep(ids, p.expert_map, static_cast<int>(p.E_global), static_cast<int>(p.E),
+                            static_cast<int>(m), static_cast<int>(p.topk), static_cast<int>(p.H),
+                            static_cast<int>(p.H / 256), cnt, static_cast<uint16_t*>(out), st);
+      g.tile_n = 256;
+      g.epi_async = 0;
+      g.mcast = 0;
+      g.group_m = static_cast<int32_t>(std::max<int64_t>(max_mblk, 1));
+      g.sum_out = static_cast<uint16_t*>(out);
+      g.sum_cnt = cnt;
+      g.sum_ids = ids;
+      g.sum_map = p.expert_map;
+      g.sum_E_global = static_cast<int32_t>(p.E_global);
+      g.sum_E_local = static_cast<int32_t>(p.E);
+      g.sum_topk = static_cast<int32_t>(p.topk);
+    }
     launch_grouped_gemm(g, qh, p.w2.w, p.E * p.H, max_mblk, st);
   }
-  // reduce over the top-k slots (fp32 sum, one rounding)
-  launch_moe_sum(y2, false, ids, p.expert_map, static_cast<int>(p.E_global), static_cast<int>(p.E),
-                 static_cast<int>(m), static_cast<int>(p.topk), static_cast<int>(p.H), out, false,
-                 st);
+  // reduce over the top-k slots (fp32 sum, one rounding), unless GEMM2 did
+  if (!fsum)
+    launch_moe_sum(y2, false, ids, p.expert_map, static_cast<int>(p.E_global),
+                   static_cast<int>(p.E), static_cast<int>(m), static_cast<int>(p.topk),
+                   static_cast<int>(p.H), out, false, st);
 }
 
 void run_contiguous(const FusedMoeArgs& args, void* workspace) {
@@ -330,6 +353,23 @@ std::string gemm_plan(const char* name, const MoeProblem& p, int64_t bm, int64_t
 }
 }  // namespace
 
+void set_grouped_fused_sum_override(int v) { g_fused_sum_override.store(v); }
+
+bool grouped_fused_sum_wanted(const MoeProblem& p, int64_t bm) {
+  static const bool env = [] {
+    const char* v = std::getenv("FP8MOE_GROUPED_FUSED_SUM");
+    if (!v || !*v) return false;
+    const std::string s(v);
+    if (s != "0" && s != "1")
+      throw ValueError("FP8MOE_GROUPED_FUSED_SUM='" + s + "' is not 0 or 1");
+    return s == "1";
+  }();
+  const int o = g_fused_sum_override.load();
+  const bool on = o >= 0 ? o == 1 : env;
+  // the 128 x 256 tile of GEMM2 (N = H), bf16 y2 and out, topk <= 32
+  return on && bm == 128 && !p.x_f32 && p.H % 256 == 0 && p.topk <= 32;
+}
+
 std::string grouped_problem_plan(const MoeProblem& p) {
   if (p.M == 0) return "no tokens: nothing runs";
   const int64_t m = chunk_of(p);
@@ -346,7 +386,10 @@ std::string grouped_problem_plan(const MoeProblem& p) {
   s += fuse ? " with the activation and h's 1x128 quantisation in its epilogue"
             : "; activation and h's quantisation kernel";
   s += "; " + gemm_plan("GEMM2", p, bm, p.H, p.I, false);
-  s += " scattered to (token, slot) rows with the router weight; top-k sum";
+  s += grouped_fused_sum_wanted(p, bm)
+           ? " scattered to (token, slot) rows with the router weight, n-tile-major, with the "
+             "top-k sum in its epilogue (FP8MOE_GROUPED_FUSED_SUM)"
+           : " scattered to (token, slot) rows with the router weight; top-k sum";
   return s;
 }
 

@@ -56,6 +56,11 @@ void launch_gemm_mma(const GemmArgs& a, int capacity, cudaStream_t stream);
 // (make_weight_tma_wgmma).
 void launch_gemm_wgmma(const WgArgs& a, bool gemm2, int capacity, cudaStream_t stream);
 
+// Before a grouped GEMM2 with the fused top-k sum (GroupedGemmParams::sum_out): zeroes the
+// (M, n_tiles) counters and writes zeros to the bf16 out rows of tokens without a local slot.
+void launch_fused_sum_prep(const int32_t* topk_ids, const int32_t* expert_map, int E_global,
+                           int E_local, int M, int topk, int H, int n_tiles, int32_t* cnt,
+                           uint16_t* out, cudaStream_t stream);
 // Whether launch_moe_sum takes the 16-byte kernel (H % 8 == 0, topk <= 32, aligned y2 and out).
 bool moe_sum_vectorised(const void* y2, const void* out, int H, int topk);
 void launch_moe_sum(const void* y2, bool y2_f32, const int32_t* topk_ids, const int32_t* expert_map,

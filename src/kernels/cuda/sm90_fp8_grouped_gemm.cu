@@ -195,6 +195,18 @@ void launch_grouped_gemm(const GroupedGemmParams& p, const uint8_t* a, const uin
                      ") must be multiples of 128");
   if (p.fuse_act && p.tile_m != 128)
     throw ValueError("grouped GEMM: the fused activation runs on the 128-row kernel only");
+  // the fused top-k sum runs in the 128 x 256 tile's sync epilogue only: anything else would
+  // leave sum_out unwritten
+  if (p.sum_out &&
+      (p.tile_m != 128 || p.masked || p.fuse_act || !p.out_scatter || grouped_tile_n(p) != kG2BN ||
+       grouped_epi_async(p) || grouped_cluster_ctas(p) != 1 || !p.sum_cnt || !p.sum_ids ||
+       p.sum_topk <= 0 || p.sum_topk > 32 || p.out_stride % 8 != 0 ||
+       (reinterpret_cast<uintptr_t>(p.out) & 15) != 0 ||
+       (reinterpret_cast<uintptr_t>(p.sum_out) & 15) != 0))
+    throw ValueError(
+        "grouped GEMM: the fused top-k sum needs the contiguous 128 x 256 tile with the sync "
+        "epilogue and no clusters, scatter to pair rows, counters and ids, 1 <= topk <= 32 and "
+        "16-byte aligned rows");
   if (p.fuse_act && static_cast<Act>(p.act.act) == Act::kSwigluOai)
     throw ValueError(
         "grouped GEMM: the fused activation pairs gate and up halves; interleaved gate/up columns "
@@ -236,6 +248,9 @@ void launch_grouped_gemm(const GroupedGemmParams& p, const uint8_t* a, const uin
     FP8MOE_CUDA_CHECK(cudaFuncSetAttribute(grouped_gemm_n256_kernel<0, 1, 2>,
                                            cudaFuncAttributeMaxDynamicSharedMemorySize,
                                            kG2aSmemBytes));
+    FP8MOE_CUDA_CHECK(cudaFuncSetAttribute(grouped_gemm_n256_kernel<0, 0, 1, 1>,
+                                           cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                           kG2SmemBytes));
   });
   if (p.fuse_act && (p.N % kG2BN != 0 || p.out_scatter || p.row_weight || !p.q_out || !p.q_scale))
     throw ValueError(
@@ -254,7 +269,10 @@ void launch_grouped_gemm(const GroupedGemmParams& p, const uint8_t* a, const uin
       return;
     }
     const unsigned grid = static_cast<unsigned>(grid_ctas(p, tiles));
-    if (p.fuse_act)
+    if (p.sum_out)  // (checked above: the sync epilogue, no clusters)
+      grouped_gemm_n256_kernel<0, 0, 1, 1>
+          <<<grid, kGThreads, kG2SmemBytes, stream>>>(p, tm_a, tm_b);
+    else if (p.fuse_act)
       grouped_gemm_n256_kernel<1, 0><<<grid, kGThreads, kG2SmemBytes, stream>>>(p, tm_a, tm_b);
     else if (grouped_epi_async(p))
       grouped_gemm_n256_kernel<0, 1><<<grid, kGThreads, kG2aSmemBytes, stream>>>(p, tm_a, tm_b);

@@ -672,13 +672,97 @@ __device__ __forceinline__ void gg_kblock_64x256(const GroupedGemmParams& p, flo
 // throughput: PERFORMANCE.md, grouped run 7). Every consumer warp releases a stage in both CTAs
 // (the peer's producer multicasts into it), so the empty barriers count 16 arrivals. Not with
 // kFuse (its two B halves pair gate and up blocks of one n-block).
-template <int kFuse, int kAsync, int kMc = 1>
+// The fused top-k sum (GroupedGemmParams::sum_out) of one consumer warpgroup's 64 tile rows after
+// its sync epilogue stored them (y2 = p.out, row = pair t * topk + slot; dst[r] < 0: not stored).
+// Every thread fences its stores and the warpgroup meets; the thread of each stored row counts the
+// row's token done for this n-tile, and the last of the token's local slots to arrive marks the
+// token (toks[r]); then one warp per marked token sums its local slots' 256 columns in slot order
+// (8 columns a lane, four slots' loads in flight, from L2: ld.global.cg), rounds once, stores to
+// sum_out, and discards the y2 lines it read (they are never read again: no write-back). The float
+// operations per element are moe_sum8_kernel's, so the bits are the same.
+__device__ __forceinline__ uint32_t gg_sum_valid(const GroupedGemmParams& p, int t) {
+  uint32_t valid = 0;  // bit j: slot j is a local expert (local_expert of smxx_moe_align.cuh)
+  for (int j = 0; j < p.sum_topk; ++j) {
+    const int gid = __ldg(p.sum_ids + int64_t(t) * p.sum_topk + j);
+    if (gid < 0 || gid >= p.sum_E_global) continue;
+    const int e = p.sum_map ? __ldg(p.sum_map + gid) : gid;
+    if (e >= 0 && e < p.sum_E_local) valid |= 1u << j;
+  }
+  return valid;
+}
+__device__ __noinline__ void gg_fused_sum(const GroupedGemmParams& p, int nt, const int* dst,
+                                          int* toks, int bar_id, int wtid) {
+  __threadfence();  // this thread's y2 stores, before any count of their rows
+  gg_bar(bar_id, 128);
+  if (wtid < 64) {
+    int tok = -1;
+    const int d = dst[wtid];
+    if (d >= 0) {
+      const int t = d / p.sum_topk;
+      const int need = __popc(gg_sum_valid(p, t));
+      const int ntn = p.N / kG2BN;
+      if (atomicAdd(p.sum_cnt + int64_t(t) * ntn + nt, 1) + 1 == need) tok = t;
+      __threadfence();  // the other tiles' y2 rows of t, before this warpgroup reads them
+    }
+    toks[wtid] = tok;
+  }
+  gg_bar(bar_id, 128);
+  const int warp = wtid >> 5, lane = wtid & 31;
+  const int n0 = nt * kG2BN, c0 = n0 + lane * 8;
+  for (int r = warp; r < 64; r += 4) {
+    const int t = toks[r];
+    if (t < 0) continue;
+    const uint32_t valid = gg_sum_valid(p, t);
+    const uint16_t* y = p.out + int64_t(t) * p.sum_topk * p.out_stride + c0;
+    float acc[8] = {};
+    for (int j0 = 0; j0 < p.sum_topk; j0 += 4) {
+      uint4 u[4];
+#pragma unroll
+      for (int d = 0; d < 4; ++d)
+        if (j0 + d < p.sum_topk && ((valid >> (j0 + d)) & 1u))
+          u[d] = __ldcg(reinterpret_cast<const uint4*>(y + int64_t(j0 + d) * p.out_stride));
+#pragma unroll
+      for (int d = 0; d < 4; ++d)
+        if (j0 + d < p.sum_topk && ((valid >> (j0 + d)) & 1u)) {
+          const uint32_t w[4] = {u[d].x, u[d].y, u[d].z, u[d].w};
+#pragma unroll
+          for (int i = 0; i < 4; ++i) {
+            acc[2 * i] += __uint_as_float(w[i] << 16);
+            acc[2 * i + 1] += __uint_as_float(w[i] & 0xFFFF0000u);
+          }
+        }
+    }
+    uint32_t o[4];
+#pragma unroll
+    for (int i = 0; i < 4; ++i)
+      o[i] = uint32_t(float_to_bf16_bits(acc[2 * i])) |
+             (uint32_t(float_to_bf16_bits(acc[2 * i + 1])) << 16);
+    *reinterpret_cast<uint4*>(p.sum_out + int64_t(t) * p.N + c0) =
+        make_uint4(o[0], o[1], o[2], o[3]);
+    __syncwarp();  // every lane's loads are done before the lines go
+    // the 4 lines (128 B) of each local slot's 256 columns
+    for (int i = lane; i < 4 * p.sum_topk; i += 32) {
+      const int j = i >> 2;
+      if ((valid >> j) & 1u) {
+        const uint16_t* line =
+            p.out + (int64_t(t) * p.sum_topk + j) * p.out_stride + n0 + (i & 3) * 64;
+        asm volatile("discard.global.L2 [%0], 128;\n" ::"l"(line) : "memory");
+      }
+    }
+  }
+}
+
+// kSum: the fused top-k sum after the sync epilogue (GroupedGemmParams::sum_out; its own
+// instantiation, so that the other kernels keep their registers: ptxas spilled in the plain sync
+// kernel with the sum behind a runtime branch).
+template <int kFuse, int kAsync, int kMc = 1, int kSum = 0>
 __global__ void __launch_bounds__(kGThreads, 1)
     grouped_gemm_n256_kernel(const __grid_constant__ GroupedGemmParams p,
                              const __grid_constant__ CUtensorMap tm_a,
                              const __grid_constant__ CUtensorMap tm_b) {
   static_assert(!(kFuse && kAsync), "the fused activation keeps the sync epilogue");
   static_assert(kMc == 1 || (kMc == 2 && !kFuse), "clusters: two CTAs, not with kFuse");
+  static_assert(!kSum || (!kFuse && !kAsync && kMc == 1), "the fused sum: the plain sync kernel");
   constexpr int kSt = kAsync ? kG2aStages : kG2Stages;
   constexpr int kEpiB = kAsync ? kG2aEpiBytes : kG2EpiBytes;
   extern __shared__ uint8_t gg_smem_raw[];
@@ -690,6 +774,7 @@ __global__ void __launch_bounds__(kGThreads, 1)
   int* pref = reinterpret_cast<int*>(empty + kSt);
   __shared__ int s_dst[2][64];
   __shared__ float s_w[2][64];
+  __shared__ int s_tok[kSum ? 2 : 1][64];  // the fused top-k sum's tokens to sum
 
   const int tid = threadIdx.x;
   const int wg = tid / 128, wtid = tid % 128;
@@ -876,6 +961,7 @@ __global__ void __launch_bounds__(kGThreads, 1)
             *reinterpret_cast<const uint4*>(stage + r * kG2EpiPitch + c * 8);
       }
     }
+    if constexpr (kSum) gg_fused_sum(p, g.nt, s_dst[cw], s_tok[cw], 1 + cw, wtid);
   }
   if constexpr (kAsync) {
     if (wtid < 64) bulk_wait0();  // the last tile's copies, before the CTA's shared memory goes

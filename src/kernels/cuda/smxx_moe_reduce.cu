@@ -4,6 +4,8 @@
 
 #include <algorithm>
 
+#include "fp8moe/error.hpp"
+
 namespace fp8moe::cuda {
 
 bool moe_sum_vectorised(const void* y2, const void* out, int H, int topk) {
@@ -42,6 +44,17 @@ void launch_moe_sum(const void* y2, bool y2_f32, const int32_t* topk_ids, const 
       FP8MOE_SUM(uint16_t, uint16_t);
   }
 #undef FP8MOE_SUM
+  FP8MOE_CUDA_CHECK_LAUNCH();
+}
+
+void launch_fused_sum_prep(const int32_t* topk_ids, const int32_t* expert_map, int E_global,
+                           int E_local, int M, int topk, int H, int n_tiles, int32_t* cnt,
+                           uint16_t* out, cudaStream_t stream) {
+  if (M == 0) return;
+  if (H % 8 != 0 || (reinterpret_cast<uintptr_t>(out) & 15) != 0)
+    throw ValueError("launch_fused_sum_prep: H % 8 == 0 and a 16-byte aligned out are needed");
+  fused_sum_prep_kernel<<<static_cast<unsigned>(M), 128, 0, stream>>>(
+      topk_ids, expert_map, E_global, E_local, topk, H, n_tiles, cnt, out);
   FP8MOE_CUDA_CHECK_LAUNCH();
 }
 

@@ -87,4 +87,22 @@ __global__ void __launch_bounds__(256)
   }
 }
 
+// Before a GEMM2 with the fused top-k sum (GroupedGemmParams::sum_out): zeroes token t's n-tile
+// counters, and writes zeros to the out row of a token without a local slot (moe_sum's rule; no
+// tile ever completes such a token). One block per token.
+__global__ void __launch_bounds__(128)
+    fused_sum_prep_kernel(const int32_t* __restrict__ topk_ids,
+                          const int32_t* __restrict__ expert_map, int E_global, int E_local,
+                          int topk, int H, int n_tiles, int32_t* __restrict__ cnt,
+                          uint16_t* __restrict__ out) {
+  const int t = blockIdx.x;
+  for (int i = threadIdx.x; i < n_tiles; i += blockDim.x) cnt[int64_t(t) * n_tiles + i] = 0;
+  bool any = false;
+  for (int j = 0; j < topk; ++j)
+    any |= local_expert(topk_ids[int64_t(t) * topk + j], expert_map, E_global, E_local) >= 0;
+  if (any) return;
+  for (int c = threadIdx.x * 8; c < H; c += blockDim.x * 8)
+    *reinterpret_cast<uint4*>(out + int64_t(t) * H + c) = make_uint4(0u, 0u, 0u, 0u);
+}
+
 }  // namespace fp8moe::cuda
