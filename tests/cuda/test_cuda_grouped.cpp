@@ -1172,11 +1172,12 @@ TEST(CudaGrouped, GraphCaptureAndDeterminism) {
 
 // The top-k sum fused into GEMM2 (GroupedGemmParams::sum_out, opt-in FP8MOE_GROUPED_FUSED_SUM):
 // the layer's output must be the bits of GEMM2 + launch_moe_sum (the same float operations in the
-// same slot order) on cases with 128-row m-blocks and the 256-wide GEMM2 tile: uneven experts,
-// several n-tiles, top-8, expert parallelism (tokens whose slots are all on other ranks get zeros),
-// padded slots, a router weight on the input; graph replay and run to run with it on; a shape whose
-// GEMM2 is not on the 256 tile (H = 384) keeps the sum kernel. The default rule is the caller's
-// (the variable); the override pins it per run.
+// same slot order) on cases with 128-row m-blocks and the 256-wide GEMM2 tile (uneven experts,
+// several n-tiles, top-8, expert parallelism: tokens whose slots are all on other ranks get zeros,
+// padded slots, a router weight on the input) and on the swapped kernels (16 / 32 / 64 tokens, 1 /
+// 2 / 4 n-blocks per tile: 128 / 256 / 512 columns per n-tile, EP); graph replay and run to run
+// with it on; a shape whose 128-row GEMM2 is not on the 256 tile (H = 384) keeps the sum kernel.
+// The default rule is the caller's (the variable); the override pins it per run.
 struct FusedSumGuard {
   ~FusedSumGuard() { cuda::set_grouped_fused_sum_override(-1); }
 };
@@ -1224,6 +1225,22 @@ TEST(CudaGroupedFusedSum, BitwiseEqualToTheSumKernel) {
   }
   cases.push_back({"H384_keeps_the_sum_kernel",
                    spec_of(MoeTestMode::kStatistical, 600, 8, 384, 256, 2, 47), false});
+  // the swapped kernels: 16-token m-blocks with 4 n-blocks per tile (512 columns), 32 with 2, 64
+  // with 2, 16 with 1 (K = 768: 128 columns, H = 384 too)
+  cases.push_back(
+      {"swapped_16_nb4", spec_of(MoeTestMode::kStatistical, 64, 16, 1024, 256, 4, 48), true});
+  cases.push_back(
+      {"swapped_32_nb2", spec_of(MoeTestMode::kStatistical, 100, 8, 512, 256, 2, 49), true});
+  cases.push_back(
+      {"swapped_64_nb2", spec_of(MoeTestMode::kStatistical, 200, 8, 512, 256, 2, 50), true});
+  cases.push_back(
+      {"swapped_16_nb1_H384", spec_of(MoeTestMode::kStatistical, 30, 8, 384, 768, 2, 51), true});
+  {
+    MoeTestSpec s = spec_of(MoeTestMode::kStatistical, 48, 16, 512, 256, 4, 52);
+    s.ep_size = 2;
+    s.ep_rank = 1;
+    cases.push_back({"swapped_ep2_rank1", s, true});
+  }
   for (const Case& c : cases) {
     SCOPED_TRACE(c.name);
     const MoeTestProblem p = testing::make_problem(c.spec);
@@ -1231,9 +1248,8 @@ TEST(CudaGroupedFusedSum, BitwiseEqualToTheSumKernel) {
       MoeTestProblem d = p.to(Device::cuda());
       const cuda::MoeProblem mp = cuda::make_problem(d.args());
       cuda::set_grouped_fused_sum_override(1);
-      const double rpe = double(mp.M * mp.topk) / double(mp.E);
-      ASSERT_GT(rpe, 64.0) << "the case must reach the 128-row m-blocks";
-      EXPECT_EQ(cuda::grouped_fused_sum_wanted(mp, 128), c.fused);
+      const int bm = cuda::grouped_tile_m(double(mp.M * mp.topk) / double(mp.E));
+      EXPECT_EQ(cuda::grouped_fused_sum_wanted(mp, bm), c.fused) << "m-block " << bm;
       const std::string plan = cuda::grouped_problem_plan(mp);
       EXPECT_EQ(plan.find("top-k sum in its epilogue") != std::string::npos, c.fused) << plan;
     }
@@ -1248,7 +1264,7 @@ TEST(CudaGroupedFusedSum, BitwiseEqualToTheSumKernel) {
       const auto cmp = testing::compare_bitwise(f.out_host, base.out_host);
       EXPECT_TRUE(cmp.ok) << "run " << rep << ": " << cmp.str();
     }
-    if (c.spec.ep_size > 1) {  // some tokens have no local slot: their rows are zeros
+    if (c.spec.ep_size > 1 && c.spec.topk <= 2) {  // some tokens have no local slot: zero rows
       const Tensor& o = base.out_host;
       int64_t zero_rows = 0;
       for (int64_t t = 0; t < o.size(0); ++t) {

@@ -288,12 +288,15 @@ void run_contiguous_chunk(const MoeProblem& p, const void* x, void* out, const v
     if (fsum) {  // the top-k sum in GEMM2's epilogue, tiles n-tile-major
                  // (sm90_fp8_grouped_gemm.hpp)
       int32_t* cnt = reinterpret_cast<int32_t*>(ws + L.sumc);
+      if (bm == 128) {
+        g.tile_n = 256;
+        g.epi_async = 0;
+        g.mcast = 0;
+      }
       launch_fused_sum_prep(ids, p.expert_map, static_cast<int>(p.E_global), static_cast<int>(p.E),
                             static_cast<int>(m), static_cast<int>(p.topk), static_cast<int>(p.H),
-                            static_cast<int>(p.H / 256), cnt, static_cast<uint16_t*>(out), st);
-      g.tile_n = 256;
-      g.epi_async = 0;
-      g.mcast = 0;
+                            static_cast<int>(p.H / grouped_sum_cols(g)), cnt,
+                            static_cast<uint16_t*>(out), st);
       g.group_m = static_cast<int32_t>(std::max<int64_t>(max_mblk, 1));
       g.sum_out = static_cast<uint16_t*>(out);
       g.sum_cnt = cnt;
@@ -366,8 +369,8 @@ bool grouped_fused_sum_wanted(const MoeProblem& p, int64_t bm) {
   }();
   const int o = g_fused_sum_override.load();
   const bool on = o >= 0 ? o == 1 : env;
-  // the 128 x 256 tile of GEMM2 (N = H), bf16 y2 and out, topk <= 32
-  return on && bm == 128 && !p.x_f32 && p.H % 256 == 0 && p.topk <= 32;
+  // the swapped kernels or the 128 x 256 tile of GEMM2 (N = H), bf16 y2 and out, topk <= 32
+  return on && (bm < 128 || p.H % 256 == 0) && !p.x_f32 && p.topk <= 32;
 }
 
 std::string grouped_problem_plan(const MoeProblem& p) {

@@ -438,7 +438,7 @@ Workspace workspace_layout(const MoeProblem& p, int64_t m, int64_t bm, bool batc
   w.ppos = c.take(pairs * 4);
   w.align = c.take(batched ? 0 : align_scratch_bytes(pairs, p.E));
   if (sorted_x) {
-    w.sumc = c.take(m * (p.H / 256) * 4);
+    w.sumc = c.take(m * (p.H / 128) * 4);
     w.qxs = c.take(w.capacity * p.H);
     w.sxs = c.take(std::max<int64_t>(1, w.capacity * p.a_scale_cols(p.H, p.aq1)) * 4);
   }

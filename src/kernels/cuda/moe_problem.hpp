@@ -99,7 +99,7 @@ struct Workspace {
                                  // and h are empty, unless keep_h)
   std::size_t ppos = 0;          // sorted position of each pair (AlignOut::pair_pos)
   std::size_t align = 0;         // the many-block alignment's scratch (AlignOut::scratch)
-  std::size_t sumc = 0;          // the fused top-k sum's counters (grouped: m x H / 256)
+  std::size_t sumc = 0;          // the fused top-k sum's counters (grouped: m x H / 128)
 };
 // keep_h: an h buffer even with sorted_x (the grouped path with per-token / per-tensor h scales).
 Workspace workspace_layout(const MoeProblem& p, int64_t m, int64_t bm, bool batched = false,

@@ -117,6 +117,11 @@ bool grouped_epi_async(const GroupedGemmParams& p) {
   return want != 0;
 }
 
+int grouped_sum_cols(const GroupedGemmParams& p) {
+  if (p.tile_m != 128) return kGBN * grouped_swap_nb(p);
+  return grouped_tile_n(p);
+}
+
 int grouped_tile_m(double rows_per_expert) {
   if (rows_per_expert <= 16) return 16;
   if (rows_per_expert <= 32) return 32;
@@ -151,13 +156,15 @@ int grouped_swap_nb(const GroupedGemmParams& p) {
 }
 
 namespace {
-template <int kTN, int kNB>
-void launch_swap(const GroupedGemmParams& p, const uint8_t* a, const uint8_t* b, int64_t b_rows,
-                 int64_t max_m_blocks, cudaStream_t stream) {
+template <int kTN, int kNB, int kSum>
+void launch_swap_k(const GroupedGemmParams& p, const uint8_t* a, const uint8_t* b, int64_t b_rows,
+                   int64_t max_m_blocks, cudaStream_t stream) {
   using C = SwapCfg<kTN, kNB>;
+  static_assert(C::kSmemBytes + 2 * 2 * kTN * 8 + (kSum ? 2 * kTN * 4 : 0) <= 227 * 1024,
+                "swapped tile: shared memory");
   static std::once_flag once;
   std::call_once(once, [] {
-    FP8MOE_CUDA_CHECK(cudaFuncSetAttribute(grouped_gemm_swap_kernel<kTN, kNB>,
+    FP8MOE_CUDA_CHECK(cudaFuncSetAttribute(grouped_gemm_swap_kernel<kTN, kNB, kSum>,
                                            cudaFuncAttributeMaxDynamicSharedMemorySize,
                                            C::kSmemBytes));
   });
@@ -165,8 +172,18 @@ void launch_swap(const GroupedGemmParams& p, const uint8_t* a, const uint8_t* b,
   const CUtensorMap tm_b = make_tma_2d_u8(b, p.K, b_rows, kGBK, kGBN);
   const int64_t tiles = max_m_blocks * (p.N / C::kCols);
   const unsigned grid = static_cast<unsigned>(grid_ctas(p, tiles));
-  grouped_gemm_swap_kernel<kTN, kNB><<<grid, kGThreads, C::kSmemBytes, stream>>>(p, tm_a, tm_b);
+  grouped_gemm_swap_kernel<kTN, kNB, kSum>
+      <<<grid, kGThreads, C::kSmemBytes, stream>>>(p, tm_a, tm_b);
   FP8MOE_CUDA_CHECK_LAUNCH();
+}
+// With the fused top-k sum (p.sum_out) its own instantiation.
+template <int kTN, int kNB>
+void launch_swap(const GroupedGemmParams& p, const uint8_t* a, const uint8_t* b, int64_t b_rows,
+                 int64_t max_m_blocks, cudaStream_t stream) {
+  if (p.sum_out)
+    launch_swap_k<kTN, kNB, 1>(p, a, b, b_rows, max_m_blocks, stream);
+  else
+    launch_swap_k<kTN, kNB, 0>(p, a, b, b_rows, max_m_blocks, stream);
 }
 }  // namespace
 
@@ -195,18 +212,19 @@ void launch_grouped_gemm(const GroupedGemmParams& p, const uint8_t* a, const uin
                      ") must be multiples of 128");
   if (p.fuse_act && p.tile_m != 128)
     throw ValueError("grouped GEMM: the fused activation runs on the 128-row kernel only");
-  // the fused top-k sum runs in the 128 x 256 tile's sync epilogue only: anything else would
-  // leave sum_out unwritten
-  if (p.sum_out &&
-      (p.tile_m != 128 || p.masked || p.fuse_act || !p.out_scatter || grouped_tile_n(p) != kG2BN ||
-       grouped_epi_async(p) || grouped_cluster_ctas(p) != 1 || !p.sum_cnt || !p.sum_ids ||
-       p.sum_topk <= 0 || p.sum_topk > 32 || p.out_stride % 8 != 0 ||
-       (reinterpret_cast<uintptr_t>(p.out) & 15) != 0 ||
-       (reinterpret_cast<uintptr_t>(p.sum_out) & 15) != 0))
+  // the fused top-k sum runs in the swapped kernels' epilogue and in the 128 x 256 tile's sync
+  // one (not the 128-wide tile, the async epilogue or clusters): anything else would leave
+  // sum_out unwritten
+  if (p.sum_out && (p.masked || p.fuse_act || !p.out_scatter ||
+                    (p.tile_m == 128 && (grouped_tile_n(p) != kG2BN || grouped_epi_async(p) ||
+                                         grouped_cluster_ctas(p) != 1)) ||
+                    !p.sum_cnt || !p.sum_ids || p.sum_topk <= 0 || p.sum_topk > 32 ||
+                    p.out_stride % 8 != 0 || (reinterpret_cast<uintptr_t>(p.out) & 15) != 0 ||
+                    (reinterpret_cast<uintptr_t>(p.sum_out) & 15) != 0))
     throw ValueError(
-        "grouped GEMM: the fused top-k sum needs the contiguous 128 x 256 tile with the sync "
-        "epilogue and no clusters, scatter to pair rows, counters and ids, 1 <= topk <= 32 and "
-        "16-byte aligned rows");
+        "grouped GEMM: the fused top-k sum needs the contiguous layout (swapped kernels, or the "
+        "128 x 256 tile with the sync epilogue and no clusters), scatter to pair rows, counters "
+        "and ids, 1 <= topk <= 32 and 16-byte aligned rows");
   if (p.fuse_act && static_cast<Act>(p.act.act) == Act::kSwigluOai)
     throw ValueError(
         "grouped GEMM: the fused activation pairs gate and up halves; interleaved gate/up columns "

@@ -690,62 +690,67 @@ __device__ __forceinline__ uint32_t gg_sum_valid(const GroupedGemmParams& p, int
   }
   return valid;
 }
+template <int kRows, int kCols>
 __device__ __noinline__ void gg_fused_sum(const GroupedGemmParams& p, int nt, const int* dst,
                                           int* toks, int bar_id, int wtid) {
+  static_assert(kRows <= 128 && kCols % 64 == 0, "fused sum: tile shape");
   __threadfence();  // this thread's y2 stores, before any count of their rows
   gg_bar(bar_id, 128);
-  if (wtid < 64) {
+  if (wtid < kRows) {
     int tok = -1;
     const int d = dst[wtid];
     if (d >= 0) {
       const int t = d / p.sum_topk;
       const int need = __popc(gg_sum_valid(p, t));
-      const int ntn = p.N / kG2BN;
-      if (atomicAdd(p.sum_cnt + int64_t(t) * ntn + nt, 1) + 1 == need) tok = t;
+      if (atomicAdd(p.sum_cnt + int64_t(t) * (p.N / kCols) + nt, 1) + 1 == need) tok = t;
       __threadfence();  // the other tiles' y2 rows of t, before this warpgroup reads them
     }
     toks[wtid] = tok;
   }
   gg_bar(bar_id, 128);
   const int warp = wtid >> 5, lane = wtid & 31;
-  const int n0 = nt * kG2BN, c0 = n0 + lane * 8;
-  for (int r = warp; r < 64; r += 4) {
+  const int n0 = nt * kCols;
+  for (int r = warp; r < kRows; r += 4) {
     const int t = toks[r];
     if (t < 0) continue;
     const uint32_t valid = gg_sum_valid(p, t);
-    const uint16_t* y = p.out + int64_t(t) * p.sum_topk * p.out_stride + c0;
-    float acc[8] = {};
-    for (int j0 = 0; j0 < p.sum_topk; j0 += 4) {
-      uint4 u[4];
+    for (int c8 = lane; c8 < kCols / 8; c8 += 32) {
+      const int c0 = n0 + c8 * 8;
+      const uint16_t* y = p.out + int64_t(t) * p.sum_topk * p.out_stride + c0;
+      float acc[8] = {};
+      for (int j0 = 0; j0 < p.sum_topk; j0 += 4) {
+        uint4 u[4];
 #pragma unroll
-      for (int d = 0; d < 4; ++d)
-        if (j0 + d < p.sum_topk && ((valid >> (j0 + d)) & 1u))
-          u[d] = __ldcg(reinterpret_cast<const uint4*>(y + int64_t(j0 + d) * p.out_stride));
+        for (int d = 0; d < 4; ++d)
+          if (j0 + d < p.sum_topk && ((valid >> (j0 + d)) & 1u))
+            u[d] = __ldcg(reinterpret_cast<const uint4*>(y + int64_t(j0 + d) * p.out_stride));
 #pragma unroll
-      for (int d = 0; d < 4; ++d)
-        if (j0 + d < p.sum_topk && ((valid >> (j0 + d)) & 1u)) {
-          const uint32_t w[4] = {u[d].x, u[d].y, u[d].z, u[d].w};
+        for (int d = 0; d < 4; ++d)
+          if (j0 + d < p.sum_topk && ((valid >> (j0 + d)) & 1u)) {
+            const uint32_t w[4] = {u[d].x, u[d].y, u[d].z, u[d].w};
 #pragma unroll
-          for (int i = 0; i < 4; ++i) {
-            acc[2 * i] += __uint_as_float(w[i] << 16);
-            acc[2 * i + 1] += __uint_as_float(w[i] & 0xFFFF0000u);
+            for (int i = 0; i < 4; ++i) {
+              acc[2 * i] += __uint_as_float(w[i] << 16);
+              acc[2 * i + 1] += __uint_as_float(w[i] & 0xFFFF0000u);
+            }
           }
-        }
-    }
-    uint32_t o[4];
+      }
+      uint32_t o[4];
 #pragma unroll
-    for (int i = 0; i < 4; ++i)
-      o[i] = uint32_t(float_to_bf16_bits(acc[2 * i])) |
-             (uint32_t(float_to_bf16_bits(acc[2 * i + 1])) << 16);
-    *reinterpret_cast<uint4*>(p.sum_out + int64_t(t) * p.N + c0) =
-        make_uint4(o[0], o[1], o[2], o[3]);
+      for (int i = 0; i < 4; ++i)
+        o[i] = uint32_t(float_to_bf16_bits(acc[2 * i])) |
+               (uint32_t(float_to_bf16_bits(acc[2 * i + 1])) << 16);
+      *reinterpret_cast<uint4*>(p.sum_out + int64_t(t) * p.N + c0) =
+          make_uint4(o[0], o[1], o[2], o[3]);
+    }
     __syncwarp();  // every lane's loads are done before the lines go
-    // the 4 lines (128 B) of each local slot's 256 columns
-    for (int i = lane; i < 4 * p.sum_topk; i += 32) {
-      const int j = i >> 2;
+    // the kCols / 64 lines (128 B) of each local slot's columns
+    constexpr int kLines = kCols / 64;
+    for (int i = lane; i < kLines * p.sum_topk; i += 32) {
+      const int j = i / kLines;
       if ((valid >> j) & 1u) {
         const uint16_t* line =
-            p.out + (int64_t(t) * p.sum_topk + j) * p.out_stride + n0 + (i & 3) * 64;
+            p.out + (int64_t(t) * p.sum_topk + j) * p.out_stride + n0 + (i % kLines) * 64;
         asm volatile("discard.global.L2 [%0], 128;\n" ::"l"(line) : "memory");
       }
     }
@@ -961,7 +966,7 @@ __global__ void __launch_bounds__(kGThreads, 1)
             *reinterpret_cast<const uint4*>(stage + r * kG2EpiPitch + c * 8);
       }
     }
-    if constexpr (kSum) gg_fused_sum(p, g.nt, s_dst[cw], s_tok[cw], 1 + cw, wtid);
+    if constexpr (kSum) gg_fused_sum<64, kG2BN>(p, g.nt, s_dst[cw], s_tok[cw], 1 + cw, wtid);
   }
   if constexpr (kAsync) {
     if (wtid < 64) bulk_wait0();  // the last tile's copies, before the CTA's shared memory goes
@@ -1043,7 +1048,8 @@ __device__ __forceinline__ void gg_wgmma_tn(float (&d)[kTN / 2], uint64_t da, ui
     gg_wgmma_n64(d, da, db, scale_d);
 }
 
-template <int kTN, int kNB = 1>
+// kSum: the fused top-k sum after the epilogue (GroupedGemmParams::sum_out), its own instantiation.
+template <int kTN, int kNB = 1, int kSum = 0>
 __global__ void __launch_bounds__(kGThreads, 1)
     grouped_gemm_swap_kernel(const __grid_constant__ GroupedGemmParams p,
                              const __grid_constant__ CUtensorMap tm_a,
@@ -1062,6 +1068,7 @@ __global__ void __launch_bounds__(kGThreads, 1)
   // destinations and row weights of each warpgroup's tile in its epilogue
   __shared__ int s_dst[2][kTN];
   __shared__ float s_w[2][kTN];
+  __shared__ int s_tok[kSum ? 2 : 1][kTN];  // the fused top-k sum's tokens to sum
 
   const int tid = threadIdx.x;
   const int wg = tid / 128, wtid = tid % 128;
@@ -1288,6 +1295,7 @@ __global__ void __launch_bounds__(kGThreads, 1)
       *reinterpret_cast<uint4*>(p.out + int64_t(dst) * p.out_stride + n0 + c * 8) =
           *reinterpret_cast<const uint4*>(my_out + r * C::kEpiPitch + c * 8);
     }
+    if constexpr (kSum) gg_fused_sum<kTN, C::kCols>(p, g.nt, s_dst[cw], s_tok[cw], bar_id, wtid);
   }
 }
 

@@ -97,15 +97,16 @@ struct GroupedGemmParams {
   // force it. Not with fuse_act; needs a 16-byte aligned out and out_stride % 8 == 0 (else sync).
   // (Last member: the kernels that do not read it keep their parameter offsets.)
   int32_t epi_async = -1;
-  // The top-k sum fused into GEMM2 (opt-in FP8MOE_GROUPED_FUSED_SUM; the 128 x 256 tile with the
-  // sync epilogue, contiguous layout, scatter to pair rows t * topk + slot, bf16 out): after a tile
-  // has stored its rows of `out` (y2), each row's token counts its n-tile done (sum_cnt[t * N / 256
-  // + nt], zeroed before the launch: launch_fused_sum_prep); the tile that completes a token's
-  // local slots sums them in slot order in fp32 from L2, rounds once to bf16 into sum_out (t,
-  // nt's 256 columns; the operations of launch_moe_sum, so the same bits) and discards the y2
-  // lines it read. The host orders the tiles n-tile-major (group_m >= the m-blocks) so that one
-  // n-tile's y2 rows are in L2 when their tokens complete. (After epi_async: the kernels that do
-  // not read these keep their parameter offsets.)
+  // The top-k sum fused into GEMM2 (opt-in FP8MOE_GROUPED_FUSED_SUM; the swapped kernels or the
+  // 128 x 256 tile with the sync epilogue, contiguous layout, scatter to pair rows t * topk +
+  // slot, bf16 out): after a tile has stored its rows of `out` (y2), each row's token counts its
+  // n-tile done (sum_cnt[t * N / c + nt], c = grouped_sum_cols, zeroed before the launch:
+  // launch_fused_sum_prep); the tile that completes a token's local slots sums them in slot order
+  // in fp32 from L2, rounds once to bf16 into sum_out (t, the n-tile's c columns; the operations
+  // of launch_moe_sum, so the same bits) and discards the y2 lines it read. The host orders the
+  // tiles n-tile-major (group_m >= the m-blocks) so that one n-tile's y2 rows are in L2 when their
+  // tokens complete. (After epi_async: the kernels that do not read these keep their parameter
+  // offsets.)
   uint16_t* sum_out = nullptr;  // (tokens, N) bf16; null: no fused sum
   int32_t* sum_cnt = nullptr;
   const int32_t* sum_ids = nullptr;  // (tokens, topk) expert ids of the routing
@@ -155,6 +156,11 @@ int grouped_swap_nb(const GroupedGemmParams& p);
 // The m-block of the swapped-operand kernel for `rows_per_expert` rows per expert on average
 // (16, 32, 64; 128 above 64 rows).
 int grouped_tile_m(double rows_per_expert);
+
+// Output columns per tile of the kernel p runs, the fused top-k sum's n-tile (GroupedGemmParams::
+// sum_cnt holds N / this counters per token): 256 (the 128 x 256 tile), 128 x the n-blocks per
+// swapped tile, else 128.
+int grouped_sum_cols(const GroupedGemmParams& p);
 
 // Shared-memory bytes and threads of the kernel (for reports).
 int grouped_gemm_smem_bytes();
