@@ -1459,6 +1459,48 @@ TEST(CudaGroupedSelection, RegistryLimitsAndShapeRule) {
   EXPECT_FALSE(g.supports_config(cfg, std::nullopt, std::nullopt).ok);
 }
 
+// The fused top-k sum's rule and its n-tile width (runs anywhere: host code only).
+TEST(CudaGroupedSelection, FusedSumRuleAndColumns) {
+  FusedSumGuard guard;
+  cuda::MoeProblem p;  // DeepSeek-V3 TP8-like
+  p.H = 7168;
+  p.I = 256;
+  p.N1 = 512;
+  p.E = p.E_global = 256;
+  p.topk = 8;
+  cuda::set_grouped_fused_sum_override(0);
+  for (const int bm : {16, 32, 64, 128}) EXPECT_FALSE(cuda::grouped_fused_sum_wanted(p, bm)) << bm;
+  cuda::set_grouped_fused_sum_override(1);
+  for (const int bm : {16, 32, 64, 128}) EXPECT_TRUE(cuda::grouped_fused_sum_wanted(p, bm)) << bm;
+  p.H = 384;  // the 128-row GEMM2 would run the 128-wide tile: no fused sum there
+  EXPECT_TRUE(cuda::grouped_fused_sum_wanted(p, 16));
+  EXPECT_FALSE(cuda::grouped_fused_sum_wanted(p, 128));
+  p.H = 7168;
+  p.x_f32 = true;  // f32 y2 and out
+  EXPECT_FALSE(cuda::grouped_fused_sum_wanted(p, 16));
+  p.x_f32 = false;
+  p.topk = 33;  // more slots than the valid-slot mask holds
+  EXPECT_FALSE(cuda::grouped_fused_sum_wanted(p, 16));
+  // the counters' n-tile: the 128 x 256 tile, or 128 x the swapped tile's n-blocks
+  cuda::GroupedGemmParams g;
+  g.N = 7168;
+  g.K = 256;
+  g.tile_m = 128;
+  g.tile_n = 256;
+  EXPECT_EQ(cuda::grouped_sum_cols(g), 256);
+  g.N = 384;
+  EXPECT_EQ(cuda::grouped_sum_cols(g), 128);
+  if (!std::getenv("FP8MOE_GROUPED_SWAP_NB")) {
+    g.N = 7168;
+    g.tile_m = 16;
+    EXPECT_EQ(cuda::grouped_sum_cols(g), 512);  // K = 256: 4 n-blocks
+    g.tile_m = 64;
+    EXPECT_EQ(cuda::grouped_sum_cols(g), 256);  // at most 2 with 64-token tiles
+    g.K = 7168;
+    EXPECT_EQ(cuda::grouped_sum_cols(g), 128);  // long K: 1
+  }
+}
+
 // The one-line plan describe_call gives for the grouped path (runs anywhere: no tensor data): the
 // m-block and kernel from the rows per expert, each GEMM's tile by the rules, which small kernels
 // run. The expectations hold for the defaults (no FP8MOE_GROUPED_* variable set).
