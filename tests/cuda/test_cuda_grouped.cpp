@@ -1223,6 +1223,10 @@ TEST(CudaGroupedFusedSum, BitwiseEqualToTheSumKernel) {
     MoeTestSpec s = spec_of(MoeTestMode::kExact, 600, 8, 512, 256, 2, 46);
     cases.push_back({"exact", s, true});
   }
+  {  // repeated expert ids within tokens (two pair rows of one token in one m-block)
+    MoeTestSpec s = spec_of(MoeTestMode::kStatistical, 600, 8, 512, 256, 4, 53);
+    cases.push_back({"repeated_ids", s, true});
+  }
   cases.push_back({"H384_keeps_the_sum_kernel",
                    spec_of(MoeTestMode::kStatistical, 600, 8, 384, 256, 2, 47), false});
   // the swapped kernels: 16-token m-blocks with 4 n-blocks per tile (512 columns), 32 with 2, 64
@@ -1243,7 +1247,10 @@ TEST(CudaGroupedFusedSum, BitwiseEqualToTheSumKernel) {
   }
   for (const Case& c : cases) {
     SCOPED_TRACE(c.name);
-    const MoeTestProblem p = testing::make_problem(c.spec);
+    MoeTestProblem p = testing::make_problem(c.spec);
+    if (std::string(c.name) == "repeated_ids")  // slot 1 = slot 0 for every third token
+      for (int64_t t = 0; t < c.spec.M; t += 3)
+        p.topk_ids.ptr<int32_t>()[t * c.spec.topk + 1] = p.topk_ids.ptr<int32_t>()[t * c.spec.topk];
     {
       MoeTestProblem d = p.to(Device::cuda());
       const cuda::MoeProblem mp = cuda::make_problem(d.args());
@@ -1312,6 +1319,7 @@ TEST(CudaGroupedFusedSum, BitwiseEqualToTheSumKernel) {
   g.tile_m = 128;
   g.N = 512;
   g.K = 256;
+  g.a_rows = 128;  // (0 returns before any check)
   g.out_scatter = 1;
   g.out_stride = 512;
   g.sum_out = reinterpret_cast<uint16_t*>(uintptr_t{256});
@@ -1323,12 +1331,17 @@ TEST(CudaGroupedFusedSum, BitwiseEqualToTheSumKernel) {
   EXPECT_THROW(cuda::launch_grouped_gemm(g, nullptr, nullptr, 1024, 1, nullptr), ValueError)
       << "no counters";
   g.sum_cnt = reinterpret_cast<int32_t*>(uintptr_t{256});
-  for (const int what : {0, 1, 2, 3}) {
+  for (const int what : {0, 1, 2, 3, 4, 5}) {
     cuda::GroupedGemmParams b = g;
     if (what == 0) b.tile_n = 128;
     if (what == 1) b.epi_async = 1;
-    if (what == 2) b.tile_m = 16;
+    if (what == 2) b.masked = 1;
     if (what == 3) b.out_scatter = 0;
+    if (what == 4) b.out = reinterpret_cast<uint16_t*>(uintptr_t{256 + 64});  // lines: 128 B
+    if (what == 5) {  // a swapped kernel without counters
+      b.tile_m = 16;
+      b.sum_cnt = nullptr;
+    }
     EXPECT_THROW(cuda::launch_grouped_gemm(b, nullptr, nullptr, 1024, 1, nullptr), ValueError)
         << what;
   }

@@ -273,7 +273,11 @@ void run_contiguous_chunk(const MoeProblem& p, const void* x, void* out, const v
     act_then_quant(p, y1, RowSet{al.sorted_ids, al.meta, static_cast<int32_t>(L.capacity), pairs},
                    amax, qh, sh, ws + L.h, st);
   void* y2 = ws + L.y2;
-  const bool fsum = grouped_fused_sum_wanted(p, bm);
+  // (and buffers the kernel can take: y2 rows on 128-byte lines, which it discards after the sum,
+  // a 16-byte aligned out; else the sum kernel, which takes any)
+  const bool fsum = grouped_fused_sum_wanted(p, bm) &&
+                    (reinterpret_cast<uintptr_t>(y2) & 127) == 0 && p.H % 64 == 0 &&
+                    (reinterpret_cast<uintptr_t>(out) & 15) == 0;
   {
     GroupedGemmParams g = gemm_params(p, p.w2, p.H, p.I, L.capacity, sh, p.aq2);
     g.tile_m = static_cast<int32_t>(bm);

@@ -219,12 +219,13 @@ void launch_grouped_gemm(const GroupedGemmParams& p, const uint8_t* a, const uin
                     (p.tile_m == 128 && (grouped_tile_n(p) != kG2BN || grouped_epi_async(p) ||
                                          grouped_cluster_ctas(p) != 1)) ||
                     !p.sum_cnt || !p.sum_ids || p.sum_topk <= 0 || p.sum_topk > 32 ||
-                    p.out_stride % 8 != 0 || (reinterpret_cast<uintptr_t>(p.out) & 15) != 0 ||
+                    p.out_stride % 64 != 0 || (reinterpret_cast<uintptr_t>(p.out) & 127) != 0 ||
                     (reinterpret_cast<uintptr_t>(p.sum_out) & 15) != 0))
     throw ValueError(
         "grouped GEMM: the fused top-k sum needs the contiguous layout (swapped kernels, or the "
         "128 x 256 tile with the sync epilogue and no clusters), scatter to pair rows, counters "
-        "and ids, 1 <= topk <= 32 and 16-byte aligned rows");
+        "and ids, 1 <= topk <= 32, 128-byte aligned y2 rows (its lines are discarded) and a "
+        "16-byte aligned sum_out");
   if (p.fuse_act && static_cast<Act>(p.act.act) == Act::kSwigluOai)
     throw ValueError(
         "grouped GEMM: the fused activation pairs gate and up halves; interleaved gate/up columns "

@@ -702,8 +702,10 @@ __device__ __noinline__ void gg_fused_sum(const GroupedGemmParams& p, int nt, co
     if (d >= 0) {
       const int t = d / p.sum_topk;
       const int need = __popc(gg_sum_valid(p, t));
-      if (atomicAdd(p.sum_cnt + int64_t(t) * (p.N / kCols) + nt, 1) + 1 == need) tok = t;
-      __threadfence();  // the other tiles' y2 rows of t, before this warpgroup reads them
+      if (atomicAdd(p.sum_cnt + int64_t(t) * (p.N / kCols) + nt, 1) + 1 == need) {
+        tok = t;
+        __threadfence();  // the other tiles' y2 rows of t, before this warpgroup reads them
+      }
     }
     toks[wtid] = tok;
   }
