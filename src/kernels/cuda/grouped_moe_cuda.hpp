@@ -41,10 +41,13 @@ std::string grouped_problem_limit(const MoeProblem& p);
 // GEMM's tile, which small kernels run or are fused, per the rules and the opt-in variables now).
 // Reads no tensor data; does not check the limits (grouped_problem_limit).
 std::string grouped_problem_plan(const MoeProblem& p);
-// The top-k sum fused into GEMM2 (GroupedGemmParams::sum_out; opt-in FP8MOE_GROUPED_FUSED_SUM=1
-// until measured): GEMM2 on the swapped kernels, or on 128-row m-blocks with the 128 x 256 tile
-// (H % 256 == 0), with bf16 y2 and out: no launch_moe_sum and no y2 round trip through HBM.
-// set_grouped_fused_sum_override(0 / 1) wins over the variable (tests), -1 clears it.
+// The top-k sum fused into GEMM2 (GroupedGemmParams::sum_out; opt-in FP8MOE_GROUPED_FUSED_SUM=1:
+// bitwise the sum kernel on the card, but measured 1.2-5.1x slower with a fence in every thread
+// after every tile, docs/PERFORMANCE.md grouped run 13; the acq_rel counting since then not yet
+// measured; to be deleted unless it wins): GEMM2 on the swapped kernels, or on 128-row m-blocks
+// with the 128 x 256 tile (H % 256 == 0), with bf16 y2 and out: no launch_moe_sum and no y2 round
+// trip through HBM. set_grouped_fused_sum_override(0 / 1) wins over the variable (tests), -1 clears
+// it.
 bool grouped_fused_sum_wanted(const MoeProblem& p, int64_t bm);
 void set_grouped_fused_sum_override(int v);
 std::size_t grouped_problem_workspace(const MoeProblem& p);

@@ -695,7 +695,7 @@ __device__ __noinline__ void gg_fused_sum(const GroupedGemmParams& p, int nt, co
                                           int* toks, int bar_id, int wtid) {
   static_assert(kRows <= 128 && kCols % 64 == 0, "fused sum: tile shape");
   // the warpgroup's y2 stores, then each row's count as a release at gpu scope (cumulative over
-  // the stores the barrier ordered before it; run 13 call 3: a __threadfence (fence.sc) in every
+  // the stores the barrier ordered before it; run 13 call 2: a __threadfence (fence.sc) in every
   // thread after every tile made the layer 1.2-5x slower); the count that completes a token
   // acquires the other tiles' rows
   gg_bar(bar_id, 128);
