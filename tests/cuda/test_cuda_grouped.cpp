@@ -1131,14 +1131,10 @@ TEST_P(CudaGroupedStatistical, WithinVllmTolerance) {
 INSTANTIATE_TEST_SUITE_P(Cases, CudaGroupedStatistical, ::testing::ValuesIn(stat_cases()),
                          [](const auto& info) { return info.param.name; });
 
-TEST(CudaGrouped, GraphCaptureAndDeterminism) {
-  SKIP_WITHOUT_SM90();
-  MoeTestSpec s = spec_of(MoeTestMode::kStatistical, 300, 16, 1024, 512, 4, 11);
-  s.routing = RoutingPattern::kLogits;
-  s.routing_config.method = RoutingMethodType::kRenormalize;
-  const MoeTestProblem p = testing::make_problem(s);
+// Runs p directly twice (the same bits run to run), then captures one run in a CUDA graph and
+// replays it `replays` times onto a poisoned output: every replay must give the direct run's bits.
+void expect_graph_replays_match(const ExpertsImpl& impl, const MoeTestProblem& p, int replays) {
   MoeTestProblem d = p.to(Device::cuda());
-  const ExpertsImpl& impl = cuda::grouped_impl();
   FusedMoeArgs args = d.args();
   cudaStream_t st;
   ASSERT_EQ(cudaStreamCreate(&st), cudaSuccess);
@@ -1158,7 +1154,7 @@ TEST(CudaGrouped, GraphCaptureAndDeterminism) {
   ASSERT_EQ(cudaStreamEndCapture(st, &graph), cudaSuccess);
   cudaGraphExec_t exec;
   ASSERT_EQ(cudaGraphInstantiate(&exec, graph, 0), cudaSuccess);
-  for (int rep = 0; rep < 2; ++rep) {
+  for (int rep = 0; rep < replays; ++rep) {
     testing::poison(d.out.view());
     ASSERT_EQ(cudaGraphLaunch(exec, st), cudaSuccess);
     ASSERT_EQ(cudaStreamSynchronize(st), cudaSuccess);
@@ -1168,6 +1164,14 @@ TEST(CudaGrouped, GraphCaptureAndDeterminism) {
   cudaGraphExecDestroy(exec);
   cudaGraphDestroy(graph);
   cudaStreamDestroy(st);
+}
+
+TEST(CudaGrouped, GraphCaptureAndDeterminism) {
+  SKIP_WITHOUT_SM90();
+  MoeTestSpec s = spec_of(MoeTestMode::kStatistical, 300, 16, 1024, 512, 4, 11);
+  s.routing = RoutingPattern::kLogits;
+  s.routing_config.method = RoutingMethodType::kRenormalize;
+  expect_graph_replays_match(cuda::grouped_impl(), testing::make_problem(s), 2);
 }
 
 // The top-k sum fused into GEMM2 (GroupedGemmParams::sum_out, opt-in FP8MOE_GROUPED_FUSED_SUM):
@@ -1283,37 +1287,8 @@ TEST(CudaGroupedFusedSum, BitwiseEqualToTheSumKernel) {
     }
   }
   // graph capture and replay with the fused sum (the counters are zeroed inside the chain)
-  {
-    const MoeTestProblem p = testing::make_problem(cases[1].spec);
-    MoeTestProblem d = p.to(Device::cuda());
-    cuda::set_grouped_fused_sum_override(1);
-    const ExpertsImpl& impl = cuda::grouped_impl();
-    FusedMoeArgs args = d.args();
-    cudaStream_t st;
-    ASSERT_EQ(cudaStreamCreate(&st), cudaSuccess);
-    args.stream = st;
-    const std::size_t bytes = impl.workspace_size(args);
-    Tensor ws = Tensor::empty({static_cast<int64_t>(bytes)}, DType::kU8, Device::cuda());
-    impl.run(args, ws.data());
-    ASSERT_EQ(cudaStreamSynchronize(st), cudaSuccess);
-    const Tensor direct = d.out.to(Device::cpu());
-    cudaGraph_t graph;
-    ASSERT_EQ(cudaStreamBeginCapture(st, cudaStreamCaptureModeThreadLocal), cudaSuccess);
-    impl.run(args, ws.data());
-    ASSERT_EQ(cudaStreamEndCapture(st, &graph), cudaSuccess);
-    cudaGraphExec_t exec;
-    ASSERT_EQ(cudaGraphInstantiate(&exec, graph, 0), cudaSuccess);
-    for (int rep = 0; rep < 3; ++rep) {
-      testing::poison(d.out.view());
-      ASSERT_EQ(cudaGraphLaunch(exec, st), cudaSuccess);
-      ASSERT_EQ(cudaStreamSynchronize(st), cudaSuccess);
-      const auto cmp = testing::compare_bitwise(d.out.to(Device::cpu()), direct);
-      EXPECT_TRUE(cmp.ok) << "replay " << rep << ": " << cmp.str();
-    }
-    cudaGraphExecDestroy(exec);
-    cudaGraphDestroy(graph);
-    cudaStreamDestroy(st);
-  }
+  cuda::set_grouped_fused_sum_override(1);
+  expect_graph_replays_match(cuda::grouped_impl(), testing::make_problem(cases[1].spec), 3);
   // the launcher refuses a sum it would not run (another tile, the async epilogue, no counters)
   cuda::GroupedGemmParams g;
   g.tile_m = 128;
